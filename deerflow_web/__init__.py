@@ -1,0 +1,1 @@
+"""deerflow-web: thread-isolated file workspace for LLM-agent conversations."""

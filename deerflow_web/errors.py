@@ -1,0 +1,161 @@
+"""Domain errors, written for the person who will read them.
+
+Each class names a failure a user can understand; `web/errors.py` maps the classes to HTTP
+status codes and the agent tools turn them into tool messages. No HTTP codes live here.
+"""
+
+from __future__ import annotations
+
+
+class DeerFlowError(Exception):
+    """Base class for failures whose message is safe to show to the user."""
+
+
+class ConfigError(DeerFlowError):
+    """The configuration cannot be used; start-up must stop."""
+
+
+class InvalidThreadId(DeerFlowError, ValueError):
+    """A thread id outside SPEC 1.4's alphabet or length."""
+
+    def __init__(self, thread_id: object) -> None:
+        super().__init__(
+            "Invalid thread_id: expected 1-64 ASCII letters, digits, hyphens, or underscores"
+        )
+        self.thread_id = thread_id
+
+
+class InvalidUserId(DeerFlowError, ValueError):
+    """A user id that cannot be used as a directory name."""
+
+    def __init__(self, user_id: object) -> None:
+        super().__init__(
+            f"Invalid user_id {user_id!r}: only alphanumeric characters, hyphens, "
+            "and underscores are allowed."
+        )
+
+
+class UploadError(DeerFlowError):
+    """Base class for upload failures the user can understand and fix."""
+
+
+class NoFilesProvided(UploadError):
+    """The request carried a `files` field with no file in it."""
+
+    def __init__(self) -> None:
+        super().__init__("No files provided")
+
+
+class MissingFilesField(UploadError):
+    """The multipart body has no `files` part at all (a request validation error)."""
+
+    def __init__(self) -> None:
+        super().__init__("Field required")
+
+
+class MalformedUpload(UploadError):
+    """The request body is not a complete multipart/form-data body."""
+
+
+class TooManyFiles(UploadError):
+    """More file parts than `uploads.max_files`."""
+
+    def __init__(self, max_files: int) -> None:
+        super().__init__(f"Too many files: maximum is {max_files}")
+
+
+class FileTooLarge(UploadError):
+    """One part is larger than `uploads.max_file_size`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"File too large: {name}")
+
+
+class TotalTooLarge(UploadError):
+    """All parts together are larger than `uploads.max_total_size`."""
+
+    def __init__(self) -> None:
+        super().__init__("Total upload size too large")
+
+
+class InsufficientStorage(UploadError):
+    """The disk filled up while writing; nothing of the request was kept."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"Not enough disk space to store {name}; nothing was saved")
+
+
+class UnsafeFilename(UploadError):
+    """A name that cannot be stored safely (traversal, backslash, too long, reserved)."""
+
+
+class NameConflict(UploadError):
+    """A file with that name exists and the client asked not to replace it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"A file named {name} already exists")
+        self.name = name
+
+
+class InvalidPath(UploadError):
+    """A path that points outside the folder it must stay in."""
+
+    def __init__(self, message: str = "Invalid path") -> None:
+        super().__init__(message)
+
+
+class UploadNotFound(UploadError):
+    """The named upload does not exist (or is not a regular file)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"File not found: {name}")
+
+
+class ArtifactError(DeerFlowError):
+    """Base class for failures resolving a virtual path (SPEC 1.9, 2.5)."""
+
+
+class ArtifactPrefixError(ArtifactError):
+    """The virtual path does not start with /mnt/user-data."""
+
+    def __init__(self) -> None:
+        super().__init__("Path must start with /mnt/user-data")
+
+
+class PathTraversal(ArtifactError):
+    """The resolved path escapes the thread's user-data folder."""
+
+    def __init__(self) -> None:
+        super().__init__("Access denied: path traversal detected")
+
+
+class ArtifactNotFound(ArtifactError):
+    """The virtual path resolves to nothing."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"Artifact not found: {path}")
+
+
+class NotAFile(ArtifactError):
+    """The virtual path resolves to a directory or a special file."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"Path is not a file: {path}")
+
+
+class ConversionError(DeerFlowError):
+    """A document could not be converted to Markdown; the original is untouched."""
+
+
+class NotConvertible(ConversionError):
+    """The file type is not one markitdown converts."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"{name} cannot be converted: only .pdf, .doc, .docx, .ppt, .pptx, .xls and "
+            ".xlsx files are converted to Markdown"
+        )
+
+
+class ConversionTimedOut(ConversionError):
+    """The converter ran past its time limit and was stopped."""

@@ -1,0 +1,134 @@
+"""Plain values shared by storage, services, the web layer and the agent side.
+
+Standard library only: importing this module must never pull in Flask or LangChain.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import BinaryIO
+
+logger = logging.getLogger(__name__)
+
+VIRTUAL_PATH_PREFIX = "/mnt/user-data"
+VIRTUAL_UPLOADS_DIR = f"{VIRTUAL_PATH_PREFIX}/uploads"
+
+CONVERTIBLE_EXTENSIONS = frozenset({".pdf", ".ppt", ".pptx", ".xls", ".xlsx", ".doc", ".docx"})
+
+
+class Area(enum.StrEnum):
+    """The three folders of a thread's user-data, as agents see them under /mnt/user-data."""
+
+    UPLOADS = "uploads"
+    WORKSPACE = "workspace"
+    OUTPUTS = "outputs"
+
+
+class OnConflict(enum.StrEnum):
+    """What an upload does when its name already exists on disk (SPEC D13)."""
+
+    REPLACE = "replace"
+    RENAME = "rename"
+    REJECT = "reject"
+
+
+class ConversionState(enum.StrEnum):
+    """Life cycle of one conversion job, stored in the upload record."""
+
+    QUEUED = "queued"
+    CONVERTING = "converting"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class IncomingFile:
+    """One file of a request: the client's name and a readable binary stream."""
+
+    filename: str
+    stream: BinaryIO
+
+
+def _positive_int(uploads: Mapping[str, object], key: str, alias: str | None, default: int) -> int:
+    raw = uploads.get(key)
+    if raw is None and alias is not None:
+        raw = uploads.get(alias)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        value = 0
+    if isinstance(raw, bool) or value <= 0:
+        logger.warning("uploads.%s=%r is not a positive integer; using %d", key, raw, default)
+        return default
+    return value
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    """The `uploads.*` limits of SPEC 1.8; a size equal to a limit is accepted."""
+
+    max_files: int = 10
+    max_file_size: int = 50 * 1024 * 1024
+    max_total_size: int = 100 * 1024 * 1024
+
+    @classmethod
+    def from_mapping(cls, uploads: Mapping[str, object]) -> UploadLimits:
+        """Read `uploads.*` from config; bad values fall back to defaults with a warning."""
+        return cls(
+            max_files=_positive_int(uploads, "max_files", "max_file_count", cls.max_files),
+            max_file_size=_positive_int(
+                uploads, "max_file_size", "max_single_file_size", cls.max_file_size
+            ),
+            max_total_size=_positive_int(uploads, "max_total_size", None, cls.max_total_size),
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        """Return the body of GET /uploads/limits."""
+        return {
+            "max_files": self.max_files,
+            "max_file_size": self.max_file_size,
+            "max_total_size": self.max_total_size,
+        }
+
+
+@dataclass(frozen=True)
+class UploadRecord:
+    """One row of a thread's `uploads` record set (SPEC D10): the metadata of one stored file.
+
+    The directory holds the bytes; this record is the single source of truth for what the
+    app knows about them. `converted_from` marks a conversion companion; the original's
+    companion is found through that link, so the relation is stored once.
+    """
+
+    filename: str
+    size: int
+    sha256: str
+    content_type: str
+    uploaded_at: float
+    modified: float
+    original_filename: str | None = None
+    converted_from: str | None = None
+    conversion_state: ConversionState | None = None
+    conversion_error: str | None = None
+
+    @property
+    def extension(self) -> str:
+        """The suffix as stored, case kept; "" for `.env` or `README` (pathlib's rule)."""
+        from pathlib import PurePosixPath
+
+        return PurePosixPath(self.filename).suffix
+
+    @property
+    def virtual_path(self) -> str:
+        """The path agents use to read the file."""
+        return f"{VIRTUAL_UPLOADS_DIR}/{self.filename}"
+
+    @property
+    def convertible(self) -> bool:
+        """Whether markitdown can turn this file into a Markdown companion."""
+        return self.extension.lower() in CONVERTIBLE_EXTENSIONS

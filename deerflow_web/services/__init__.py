@@ -1,0 +1,1 @@
+"""Plain-Python services shared by the web layer and the agent side."""

@@ -1,0 +1,178 @@
+"""Settings from built-in defaults, an optional config.yaml and the environment (SPEC D2/D3, 1.8).
+
+Plain Python, shared by the web app and the agent side: both must agree on where the data
+lives and which limits apply, and neither may need Flask to find out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deerflow_web.errors import ConfigError
+from deerflow_web.models import UploadLimits
+from deerflow_web.storage.paths import resolve_base_dir
+
+logger = logging.getLogger(__name__)
+
+PDF_CONVERTERS = ("auto", "pymupdf4llm", "markitdown")
+_TRUE_STRINGS = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class ConversionSettings:
+    """How document conversion runs: opt-in at upload, always bounded in time and memory."""
+
+    auto_convert_documents: bool = False
+    pdf_converter: str = "auto"
+    timeout_seconds: float = 300.0
+    memory_limit_mb: int = 2048
+    wait_seconds: float = 3.0
+    workers: int = 2
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the app and the agent side need to know about the installation."""
+
+    base_dir: Path
+    limits: UploadLimits = field(default_factory=UploadLimits)
+    conversion: ConversionSettings = field(default_factory=ConversionSettings)
+    allowed_origins: tuple[str, ...] = ()
+    config_path: Path | None = None
+
+
+def parse_bool(value: object) -> bool:
+    """`"YES"` → True, `"false"` → False; other types by truthiness (SPEC 1.8)."""
+    if isinstance(value, str):
+        return value.strip().lower() in _TRUE_STRINGS
+    return bool(value)
+
+
+def _positive_number(section: Mapping[str, Any], key: str, default: float) -> float:
+    raw = section.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = 0.0
+    if isinstance(raw, bool) or value <= 0:
+        logger.warning("%s=%r is not a positive number; using %s", key, raw, default)
+        return default
+    return value
+
+
+def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = config.get(name)
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return value
+    if hasattr(value, "__dict__"):  # the section may be an object as well as a mapping
+        return vars(value)
+    logger.warning("config section %r is not a mapping; using defaults", name)
+    return {}
+
+
+def conversion_from_mapping(uploads: Mapping[str, Any]) -> ConversionSettings:
+    """Read the conversion keys of `uploads.*`; invalid values fall back with a warning."""
+    defaults = ConversionSettings()
+    converter = str(uploads.get("pdf_converter") or "auto").strip().lower()
+    if converter not in PDF_CONVERTERS:
+        logger.warning("uploads.pdf_converter=%r is unknown; using 'auto'", converter)
+        converter = "auto"
+    return ConversionSettings(
+        auto_convert_documents=parse_bool(uploads.get("auto_convert_documents", False)),
+        pdf_converter=converter,
+        timeout_seconds=_positive_number(
+            uploads, "conversion_timeout_seconds", defaults.timeout_seconds
+        ),
+        memory_limit_mb=int(
+            _positive_number(uploads, "conversion_memory_limit_mb", defaults.memory_limit_mb)
+        ),
+        wait_seconds=_positive_number(uploads, "conversion_wait_seconds", defaults.wait_seconds),
+        workers=int(_positive_number(uploads, "conversion_workers", defaults.workers)),
+    )
+
+
+def find_config_file(
+    environ: Mapping[str, str], cwd: Path, explicit: str | os.PathLike[str] | None = None
+) -> Path | None:
+    """Explicit path > DEER_FLOW_CONFIG_PATH (must exist) > {cwd}/config.yaml > none."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"Config file {path} does not exist")
+        return path
+    if environ.get("DEER_FLOW_CONFIG_PATH"):
+        path = Path(environ["DEER_FLOW_CONFIG_PATH"])
+        if not path.is_file():
+            raise ConfigError(
+                f"DEER_FLOW_CONFIG_PATH is set to '{path}', but that file does not exist"
+            )
+        return path
+    candidate = cwd / "config.yaml"
+    return candidate if candidate.is_file() else None
+
+
+def _expand_env(value: Any, environ: Mapping[str, str], path: Path) -> Any:
+    """Replace `$NAME` strings by the environment variable; an unset one is an error."""
+    if isinstance(value, dict):
+        return {k: _expand_env(v, environ, path) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, environ, path) for v in value]
+    if isinstance(value, str) and value.startswith("$") and len(value) > 1:
+        name = value[1:]
+        if name not in environ:
+            raise ConfigError(f"{path}: environment variable {name} is not set")
+        return environ[name]
+    return value
+
+
+def read_config_file(path: Path, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Parse the YAML file; a broken file stops start-up with a message naming it."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"Cannot read config file {path}: {error}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"Config file {path} is not valid YAML: {error}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {path} must hold a mapping at the top level")
+    return _expand_env(data, environ, path)
+
+
+def load_settings(
+    base_dir: str | os.PathLike[str] | None = None,
+    *,
+    config_path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Settings:
+    """Build the settings; no config file at all means built-in defaults."""
+    env = os.environ if environ is None else environ
+    here = Path.cwd() if cwd is None else cwd
+    path = find_config_file(env, here, config_path)
+    config = read_config_file(path, env) if path is not None else {}
+    uploads = _section(config, "uploads")
+    server = _section(config, "server")
+    origins = server.get("allowed_origins") or ()
+    if isinstance(origins, str):
+        origins = (origins,)
+    return Settings(
+        base_dir=resolve_base_dir(base_dir or config.get("base_dir"), env),
+        limits=UploadLimits.from_mapping(uploads),
+        conversion=conversion_from_mapping(uploads),
+        allowed_origins=tuple(str(o).rstrip("/") for o in origins),
+        config_path=path,
+    )

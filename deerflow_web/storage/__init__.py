@@ -1,0 +1,1 @@
+"""Everything that touches the thread folders and the upload records on disk."""

@@ -1,0 +1,163 @@
+"""Where a thread's files live on disk, and how virtual /mnt/user-data paths map onto them.
+
+Every component (API, pages, middlewares, tools) computes folders through `ThreadPaths`, so
+the layout of SPEC D1 is decided in exactly one place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from collections.abc import Mapping
+from pathlib import Path
+
+from deerflow_web.errors import ArtifactPrefixError
+from deerflow_web.errors import ConfigError
+from deerflow_web.errors import InvalidThreadId
+from deerflow_web.errors import InvalidUserId
+from deerflow_web.errors import PathTraversal
+from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import Area
+
+THREAD_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+USER_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
+_UNSAFE_USER_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+DEFAULT_USER_ID = "default"
+
+
+def validate_thread_id(thread_id: object) -> str:
+    """Return the id unchanged, or raise InvalidThreadId (SPEC 1.4)."""
+    if not isinstance(thread_id, str) or THREAD_ID_RE.fullmatch(thread_id) is None:
+        raise InvalidThreadId(thread_id)
+    return thread_id
+
+
+def validate_user_id(user_id: object) -> str:
+    """Return the id unchanged, or raise InvalidUserId (SPEC 1.5)."""
+    if not isinstance(user_id, str) or USER_ID_RE.fullmatch(user_id) is None:
+        raise InvalidUserId(user_id)
+    return user_id
+
+
+def safe_user_id(raw: str) -> str:
+    """Map an external identity onto a directory-safe bucket name (SPEC 1.5).
+
+    Unsafe characters become `-` and a hash suffix keeps `a.b` and `a/b` apart.
+    """
+    if not raw:
+        raise InvalidUserId("user id must be non-empty")
+    if USER_ID_RE.fullmatch(raw):
+        return raw
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
+    return f"{_UNSAFE_USER_CHARS.sub('-', raw)}-{digest}"
+
+
+def resolve_base_dir(
+    explicit: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Path:
+    """Return the data root: argument > DEER_FLOW_HOME > {project root or cwd}/.deer-flow."""
+    env = os.environ if environ is None else environ
+    if explicit is not None:
+        return Path(explicit).resolve()
+    if env.get("DEER_FLOW_HOME"):
+        return Path(env["DEER_FLOW_HOME"]).resolve()
+    root_value = env.get("DEER_FLOW_PROJECT_ROOT")
+    if root_value:
+        root = Path(root_value).resolve()
+        if not root.exists():
+            raise ConfigError(
+                f"DEER_FLOW_PROJECT_ROOT is set to '{root_value}', but the resolved path "
+                f"'{root}' does not exist"
+            )
+        if not root.is_dir():
+            raise ConfigError(
+                f"DEER_FLOW_PROJECT_ROOT is set to '{root_value}', but the resolved path "
+                f"'{root}' is not a directory"
+            )
+        return root / ".deer-flow"
+    return Path.cwd().resolve() / ".deer-flow"
+
+
+def is_staging_name(name: str) -> bool:
+    """Whether `name` is an upload staging file (SPEC 1.7): `.upload-*.part`."""
+    return name.startswith(".upload-") and name.endswith(".part")
+
+
+class ThreadPaths:
+    """Computes thread folders under one base dir; never creates anything unless asked."""
+
+    def __init__(self, base_dir: str | os.PathLike[str]) -> None:
+        self.base_dir = Path(base_dir).resolve()
+
+    def thread_dir(self, thread_id: str, user_id: str | None = None) -> Path:
+        """Flat layout without a user, per-user layout with one (SPEC D1)."""
+        validate_thread_id(thread_id)
+        if user_id is None:
+            return self.base_dir / "threads" / thread_id
+        return self.base_dir / "users" / validate_user_id(user_id) / "threads" / thread_id
+
+    def scope(self, thread_id: str, user_id: str | None = None) -> str:
+        """The thread's key in the upload records: its folder relative to the base dir."""
+        return self.thread_dir(thread_id, user_id).relative_to(self.base_dir).as_posix()
+
+    def user_data_dir(self, thread_id: str, user_id: str | None = None) -> Path:
+        """The folder agents see as /mnt/user-data."""
+        return self.thread_dir(thread_id, user_id) / "user-data"
+
+    def area_dir(self, thread_id: str, area: Area, user_id: str | None = None) -> Path:
+        """One of uploads/, workspace/, outputs/."""
+        return self.user_data_dir(thread_id, user_id) / Area(area).value
+
+    def uploads_dir(self, thread_id: str, user_id: str | None = None) -> Path:
+        """The thread's uploads folder (not created)."""
+        return self.area_dir(thread_id, Area.UPLOADS, user_id)
+
+    def ensure_thread_dirs(self, thread_id: str, user_id: str | None = None) -> None:
+        """Create workspace/, uploads/ and outputs/, writable by a sandbox user (SPEC 1.6)."""
+        for area in Area:
+            folder = self.area_dir(thread_id, area, user_id)
+            folder.mkdir(parents=True, exist_ok=True)
+            folder.chmod(0o777)  # mkdir honours the umask; a sandbox may run as another user
+
+    def delete_thread_dir(self, thread_id: str, user_id: str | None = None) -> None:
+        """Remove the thread's whole folder; a missing one is fine."""
+        shutil.rmtree(self.thread_dir(thread_id, user_id), ignore_errors=True)
+
+    def resolve_virtual_path(
+        self, thread_id: str, virtual_path: str, user_id: str | None = None
+    ) -> Path:
+        """Map /mnt/user-data/... onto the host, refusing anything that leaves user-data.
+
+        The result may not exist and may be a directory (SPEC 1.9).
+        """
+        stripped = virtual_path.lstrip("/")
+        prefix = VIRTUAL_PATH_PREFIX.lstrip("/")
+        if stripped != prefix and not stripped.startswith(prefix + "/"):
+            raise ArtifactPrefixError()
+        relative = stripped[len(prefix) :].lstrip("/")
+        base = self.user_data_dir(thread_id, user_id).resolve()
+        actual = (base / relative).resolve()
+        if not actual.is_relative_to(base):
+            raise PathTraversal()
+        return actual
+
+    def iter_uploads_dirs(self) -> Iterator[Path]:
+        """Every existing uploads folder in both layouts, for start-up sweeps and indexes."""
+        yield from self.base_dir.glob("threads/*/user-data/uploads")
+        yield from self.base_dir.glob("users/*/threads/*/user-data/uploads")
+
+    def iter_thread_ids(self, user_id: str | None = None) -> Iterator[str]:
+        """Ids of the threads that have a folder in the given layout."""
+        root = self.base_dir / "threads" if user_id is None else (
+            self.base_dir / "users" / validate_user_id(user_id) / "threads"
+        )
+        if not root.is_dir():
+            return
+        for entry in os.scandir(root):
+            if entry.is_dir(follow_symlinks=False) and THREAD_ID_RE.fullmatch(entry.name):
+                yield entry.name

@@ -1,0 +1,229 @@
+"""The thread's `uploads` record set (SPEC D10) in an embedded SQLite database.
+
+One database under the base dir serves every thread and every server process: SQLite's own
+locking makes a record write and the rename it describes one step, across processes, which
+an in-memory lock could not. `UploadRecords` is the narrow surface a server database could
+implement later.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from deerflow_web.models import ConversionState
+from deerflow_web.models import UploadRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS uploads (
+    scope TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    uploaded_at REAL NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    inode INTEGER NOT NULL,
+    original_filename TEXT,
+    converted_from TEXT,
+    conversion_state TEXT,
+    conversion_error TEXT,
+    PRIMARY KEY (scope, filename)
+) WITHOUT ROWID;
+"""
+
+_COLUMNS = (
+    "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, original_filename, "
+    "converted_from, conversion_state, conversion_error"
+)
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A record plus the file identity (inode, mtime) used to notice drift on disk."""
+
+    record: UploadRecord
+    mtime_ns: int
+    inode: int
+
+
+@dataclass(frozen=True)
+class ThreadSummary:
+    """What the threads index shows for one thread."""
+
+    scope: str
+    file_count: int
+    total_size: int
+    last_change: float
+
+
+def _to_stored(row: tuple) -> StoredRecord:
+    (filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, original, converted_from,
+     state, error) = row
+    return StoredRecord(
+        record=UploadRecord(
+            filename=filename,
+            size=size,
+            sha256=sha256,
+            content_type=content_type,
+            uploaded_at=uploaded_at,
+            modified=mtime_ns / 1e9,
+            original_filename=original,
+            converted_from=converted_from,
+            conversion_state=ConversionState(state) if state else None,
+            conversion_error=error,
+        ),
+        mtime_ns=mtime_ns,
+        inode=inode,
+    )
+
+
+class RecordsTransaction(Protocol):
+    """Writes made while the records are locked; they land together or not at all."""
+
+    def get(self, filename: str) -> StoredRecord | None: ...
+    def all(self) -> list[StoredRecord]: ...
+    def put(self, stored: StoredRecord) -> None: ...
+    def delete(self, filename: str) -> None: ...
+
+
+class UploadRecords(Protocol):
+    """The record store: read freely, write only inside `locked`."""
+
+    def all(self, scope: str) -> list[StoredRecord]: ...
+    def get(self, scope: str, filename: str) -> StoredRecord | None: ...
+    def locked(self, scope: str) -> AbstractContextManager[RecordsTransaction]: ...
+    def set_conversion(
+        self, scope: str, filename: str, state: ConversionState | None, error: str | None
+    ) -> bool: ...
+    def find_conversions(self, states: Iterable[ConversionState]) -> list[tuple[str, str]]: ...
+    def summaries(self) -> list[ThreadSummary]: ...
+
+
+class _SQLiteTransaction:
+    def __init__(self, connection: sqlite3.Connection, scope: str) -> None:
+        self._db = connection
+        self._scope = scope
+
+    def get(self, filename: str) -> StoredRecord | None:
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM uploads WHERE scope = ? AND filename = ?",
+            (self._scope, filename),
+        ).fetchone()
+        return _to_stored(row) if row else None
+
+    def all(self) -> list[StoredRecord]:
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM uploads WHERE scope = ? ORDER BY filename", (self._scope,)
+        ).fetchall()
+        return [_to_stored(row) for row in rows]
+
+    def put(self, stored: StoredRecord) -> None:
+        r = stored.record
+        self._db.execute(
+            f"INSERT OR REPLACE INTO uploads (scope, {_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self._scope, r.filename, r.size, r.sha256, r.content_type, r.uploaded_at,
+                stored.mtime_ns, stored.inode, r.original_filename, r.converted_from,
+                r.conversion_state.value if r.conversion_state else None, r.conversion_error,
+            ),
+        )
+
+    def delete(self, filename: str) -> None:
+        self._db.execute(
+            "DELETE FROM uploads WHERE scope = ? AND filename = ?", (self._scope, filename)
+        )
+
+
+class SQLiteUploadRecords:
+    """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer)."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
+        self._local = threading.local()
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect_new() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+
+    def _connect_new(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.db_path, timeout=60, isolation_level=None,
+                             check_same_thread=False)
+        db.execute("PRAGMA busy_timeout = 60000")
+        db.execute("PRAGMA synchronous = NORMAL")
+        return db
+
+    def _db(self) -> sqlite3.Connection:
+        """One connection per thread: sqlite3 connections are not shared across threads."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = self._connect_new()
+        return db
+
+    def all(self, scope: str) -> list[StoredRecord]:
+        """Every record of the thread, by name."""
+        return _SQLiteTransaction(self._db(), scope).all()
+
+    def get(self, scope: str, filename: str) -> StoredRecord | None:
+        """One record, or None."""
+        return _SQLiteTransaction(self._db(), scope).get(filename)
+
+    @contextmanager
+    def locked(self, scope: str) -> Iterator[_SQLiteTransaction]:
+        """Hold the database's write lock; file renames made inside commit with the records.
+
+        BEGIN IMMEDIATE takes SQLite's write lock up front, so two processes committing the
+        same name run one after the other and the record always describes the bytes on disk.
+        """
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield _SQLiteTransaction(db, scope)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def set_conversion(
+        self, scope: str, filename: str, state: ConversionState | None, error: str | None
+    ) -> bool:
+        """Record a conversion job's state; False when the file's record is gone."""
+        cursor = self._db().execute(
+            "UPDATE uploads SET conversion_state = ?, conversion_error = ? "
+            "WHERE scope = ? AND filename = ?",
+            (state.value if state else None, error, scope, filename),
+        )
+        return cursor.rowcount > 0
+
+    def find_conversions(self, states: Iterable[ConversionState]) -> list[tuple[str, str]]:
+        """(scope, filename) of every record in one of `states`, e.g. jobs cut off by a restart."""
+        values = [s.value for s in states]
+        marks = ", ".join("?" for _ in values)
+        rows = self._db().execute(
+            f"SELECT scope, filename FROM uploads WHERE conversion_state IN ({marks})", values
+        ).fetchall()
+        return [(scope, filename) for scope, filename in rows]
+
+    def summaries(self) -> list[ThreadSummary]:
+        """File count, total size and last change per thread, newest first."""
+        rows = self._db().execute(
+            "SELECT scope, COUNT(*), SUM(size), MAX(MAX(uploaded_at), MAX(mtime_ns) / 1e9) "
+            "FROM uploads GROUP BY scope ORDER BY 4 DESC"
+        ).fetchall()
+        return [ThreadSummary(scope, count, total or 0, last or 0.0)
+                for scope, count, total, last in rows]
+
+    def close(self) -> None:
+        """Close this thread's connection (tests open many stores)."""
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
