@@ -15,12 +15,25 @@ class ConfigError(DeerFlowError):
     """The configuration cannot be used; start-up must stop."""
 
 
-class InvalidThreadId(DeerFlowError, ValueError):
+class InvalidInput(DeerFlowError, ValueError):
+    """A request input that fails validation; `location` names it as (where, name)."""
+
+    kind = "value_error"
+
+    def __init__(self, message: str, location: tuple[str, str], value: object = None) -> None:
+        super().__init__(message)
+        self.location = location
+        self.value = value
+
+
+class InvalidThreadId(InvalidInput):
     """A thread id outside SPEC 1.4's alphabet or length."""
 
     def __init__(self, thread_id: object) -> None:
         super().__init__(
-            "Invalid thread_id: expected 1-64 ASCII letters, digits, hyphens, or underscores"
+            "Invalid thread_id: expected 1-64 ASCII letters, digits, hyphens, or underscores",
+            ("path", "thread_id"),
+            thread_id,
         )
         self.thread_id = thread_id
 
@@ -46,11 +59,17 @@ class NoFilesProvided(UploadError):
         super().__init__("No files provided")
 
 
-class MissingFilesField(UploadError):
-    """The multipart body has no `files` part at all (a request validation error)."""
+class MissingFilesField(InvalidInput):
+    """The multipart body has no `files` part at all."""
+
+    kind = "missing"
 
     def __init__(self) -> None:
-        super().__init__("Field required")
+        super().__init__("Field required", ("body", "files"))
+
+
+class InvalidOption(DeerFlowError):
+    """A request option with a value outside its documented choices."""
 
 
 class MalformedUpload(UploadError):
@@ -159,3 +178,7 @@ class NotConvertible(ConversionError):
 
 class ConversionTimedOut(ConversionError):
     """The converter ran past its time limit and was stopped."""
+
+
+class StorageFailure(DeerFlowError):
+    """An unexpected I/O error; the operation was rolled back and may be retried."""

@@ -35,6 +35,14 @@ class OnConflict(enum.StrEnum):
     REJECT = "reject"
 
 
+class RecordSource(enum.StrEnum):
+    """How a file came to be in the uploads folder; decides what a delete may cascade to."""
+
+    UPLOAD = "upload"
+    CONVERSION = "conversion"
+    DISK = "disk"  # found on disk, put there behind the app's back
+
+
 class ConversionState(enum.StrEnum):
     """Life cycle of one conversion job, stored in the upload record."""
 
@@ -111,6 +119,7 @@ class UploadRecord:
     content_type: str
     uploaded_at: float
     modified: float
+    source: RecordSource = RecordSource.UPLOAD
     original_filename: str | None = None
     converted_from: str | None = None
     conversion_state: ConversionState | None = None

@@ -153,8 +153,10 @@ class ThreadPaths:
 
     def iter_thread_ids(self, user_id: str | None = None) -> Iterator[str]:
         """Ids of the threads that have a folder in the given layout."""
-        root = self.base_dir / "threads" if user_id is None else (
-            self.base_dir / "users" / validate_user_id(user_id) / "threads"
+        root = (
+            self.base_dir / "threads"
+            if user_id is None
+            else (self.base_dir / "users" / validate_user_id(user_id) / "threads")
         )
         if not root.is_dir():
             return

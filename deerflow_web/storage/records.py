@@ -13,12 +13,14 @@ import threading
 from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from contextlib import closing
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from deerflow_web.models import ConversionState
+from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 
 SCHEMA = """
@@ -31,6 +33,7 @@ CREATE TABLE IF NOT EXISTS uploads (
     uploaded_at REAL NOT NULL,
     mtime_ns INTEGER NOT NULL,
     inode INTEGER NOT NULL,
+    source TEXT NOT NULL,
     original_filename TEXT,
     converted_from TEXT,
     conversion_state TEXT,
@@ -40,7 +43,7 @@ CREATE TABLE IF NOT EXISTS uploads (
 """
 
 _COLUMNS = (
-    "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, original_filename, "
+    "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, original_filename, "
     "converted_from, conversion_state, conversion_error"
 )
 
@@ -65,8 +68,20 @@ class ThreadSummary:
 
 
 def _to_stored(row: tuple) -> StoredRecord:
-    (filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, original, converted_from,
-     state, error) = row
+    (
+        filename,
+        size,
+        sha256,
+        content_type,
+        uploaded_at,
+        mtime_ns,
+        inode,
+        source,
+        original,
+        converted_from,
+        state,
+        error,
+    ) = row
     return StoredRecord(
         record=UploadRecord(
             filename=filename,
@@ -75,6 +90,7 @@ def _to_stored(row: tuple) -> StoredRecord:
             content_type=content_type,
             uploaded_at=uploaded_at,
             modified=mtime_ns / 1e9,
+            source=RecordSource(source),
             original_filename=original,
             converted_from=converted_from,
             conversion_state=ConversionState(state) if state else None,
@@ -129,11 +145,21 @@ class _SQLiteTransaction:
         r = stored.record
         self._db.execute(
             f"INSERT OR REPLACE INTO uploads (scope, {_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                self._scope, r.filename, r.size, r.sha256, r.content_type, r.uploaded_at,
-                stored.mtime_ns, stored.inode, r.original_filename, r.converted_from,
-                r.conversion_state.value if r.conversion_state else None, r.conversion_error,
+                self._scope,
+                r.filename,
+                r.size,
+                r.sha256,
+                r.content_type,
+                r.uploaded_at,
+                stored.mtime_ns,
+                stored.inode,
+                r.source.value,
+                r.original_filename,
+                r.converted_from,
+                r.conversion_state.value if r.conversion_state else None,
+                r.conversion_error,
             ),
         )
 
@@ -150,13 +176,14 @@ class SQLiteUploadRecords:
         self.db_path = db_path
         self._local = threading.local()
         db_path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect_new() as db:
+        with closing(self._connect_new()) as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
 
     def _connect_new(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.db_path, timeout=60, isolation_level=None,
-                             check_same_thread=False)
+        db = sqlite3.connect(
+            self.db_path, timeout=60, isolation_level=None, check_same_thread=False
+        )
         db.execute("PRAGMA busy_timeout = 60000")
         db.execute("PRAGMA synchronous = NORMAL")
         return db
@@ -207,19 +234,29 @@ class SQLiteUploadRecords:
         """(scope, filename) of every record in one of `states`, e.g. jobs cut off by a restart."""
         values = [s.value for s in states]
         marks = ", ".join("?" for _ in values)
-        rows = self._db().execute(
-            f"SELECT scope, filename FROM uploads WHERE conversion_state IN ({marks})", values
-        ).fetchall()
+        rows = (
+            self._db()
+            .execute(
+                f"SELECT scope, filename FROM uploads WHERE conversion_state IN ({marks})", values
+            )
+            .fetchall()
+        )
         return [(scope, filename) for scope, filename in rows]
 
     def summaries(self) -> list[ThreadSummary]:
         """File count, total size and last change per thread, newest first."""
-        rows = self._db().execute(
-            "SELECT scope, COUNT(*), SUM(size), MAX(MAX(uploaded_at), MAX(mtime_ns) / 1e9) "
-            "FROM uploads GROUP BY scope ORDER BY 4 DESC"
-        ).fetchall()
-        return [ThreadSummary(scope, count, total or 0, last or 0.0)
-                for scope, count, total, last in rows]
+        rows = (
+            self._db()
+            .execute(
+                "SELECT scope, COUNT(*), SUM(size), MAX(MAX(uploaded_at), MAX(mtime_ns) / 1e9) "
+                "FROM uploads GROUP BY scope ORDER BY 4 DESC"
+            )
+            .fetchall()
+        )
+        return [
+            ThreadSummary(scope, count, total or 0, last or 0.0)
+            for scope, count, total, last in rows
+        ]
 
     def close(self) -> None:
         """Close this thread's connection (tests open many stores)."""

@@ -1,0 +1,3 @@
+from deerflow_web.web import create_app
+
+app = create_app()

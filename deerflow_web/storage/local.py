@@ -1,0 +1,180 @@
+"""Byte-level work inside a thread's uploads folder: staging, atomic commit, scans, sweeps.
+
+Nothing here knows about requests or limits. Files are written to a hidden staging file in
+the same folder and renamed into place, so a reader never sees half a file and a link at
+the destination is never written through (SPEC 2.1.3-2.1.5).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deerflow_web.storage.paths import is_staging_name
+from deerflow_web.storage.sniff import SNIFF_BYTES
+from deerflow_web.storage.sniff import sniff_content_type
+
+logger = logging.getLogger(__name__)
+
+HASH_CHUNK = 1024 * 1024
+
+
+def staging_path(folder: Path) -> Path:
+    """A fresh hidden name in `folder` that listings skip and start-up sweeps remove."""
+    return folder / f".upload-{secrets.token_hex(8)}.part"
+
+
+def is_safe_destination(path: Path) -> bool:
+    """Whether `path` may be replaced: absent, or a regular file with a single link.
+
+    Symlinks (dangling ones too), directories, FIFOs, devices and hard-linked files are
+    never replaced, so an upload can never write through to something outside the folder.
+    """
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return True
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+
+
+def is_disk_full(error: OSError) -> bool:
+    """ENOSPC or EDQUOT: the write failed for lack of space, not because of a bug."""
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class StagingFile:
+    """A staging file being written; hashes and sniffs the bytes as they pass through.
+
+    The SHA-256 and the content type come from the one pass that writes the file, so a
+    large upload is never read a second time. The file stays open and locked until it is
+    committed or discarded: the lock is how a start-up sweep in another process tells a
+    live upload from one a killed server left behind.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.path = staging_path(folder)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._hash = hashlib.sha256()
+        self._head = bytearray()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        """Append one chunk."""
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        self._hash.update(data)
+        if len(self._head) < SNIFF_BYTES:
+            self._head += data[: SNIFF_BYTES - len(self._head)]
+        self.size += len(data)
+
+    def finish(self, filename: str) -> tuple[str, str]:
+        """Make the file readable by a sandbox user; return (sha256, content type)."""
+        os.fchmod(self._fd, 0o644)
+        return self._hash.hexdigest(), sniff_content_type(bytes(self._head), filename)
+
+    def close(self) -> None:
+        """Release the file once it has been renamed into place; safe to call twice."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def discard(self) -> None:
+        """Close and delete; safe to call twice."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _is_abandoned(path: str) -> bool:
+    """Whether no live process holds the staging file's lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """What a scan learns about a regular file without reading it."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+
+def facts_of(info: os.stat_result) -> FileFacts:
+    """The identity used to notice a file that changed behind the app's back."""
+    return FileFacts(info.st_size, info.st_mtime_ns, info.st_ino)
+
+
+def scan_regular_files(folder: Path) -> dict[str, FileFacts]:
+    """Regular files directly in `folder`: no symlinks, no subfolders, no staging files.
+
+    A missing folder is an empty one; nothing is created.
+    """
+    found: dict[str, FileFacts] = {}
+    try:
+        entries = os.scandir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    with entries:
+        for entry in entries:
+            if is_staging_name(entry.name) or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                found[entry.name] = facts_of(entry.stat(follow_symlinks=False))
+            except FileNotFoundError:
+                continue  # removed while we looked
+    return found
+
+
+def hash_and_sniff(path: Path) -> tuple[str, str]:
+    """SHA-256 and content type of a file found on disk (reconciliation only)."""
+    digest = hashlib.sha256()
+    head = b""
+    with open(path, "rb", buffering=0) as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            if not head:
+                head = chunk[:SNIFF_BYTES]
+            digest.update(chunk)
+    return digest.hexdigest(), sniff_content_type(head, path.name)
+
+
+def sweep_staging_files(upload_dirs: Iterable[Path]) -> int:
+    """Remove staging files a killed upload left behind; return how many went (SPEC 1.7)."""
+    removed = 0
+    for folder in upload_dirs:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if not is_staging_name(entry.name) or not entry.is_file(follow_symlinks=False):
+                continue
+            if not _is_abandoned(entry.path):
+                continue  # an upload in progress in another process
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                logger.warning("could not remove stale staging file %s", entry.path, exc_info=True)
+    if removed:
+        logger.info("removed %d stale upload staging file(s)", removed)
+    return removed

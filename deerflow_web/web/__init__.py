@@ -1,0 +1,54 @@
+"""The Flask application: factory, extensions, blueprints and error handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+
+from deerflow_web.settings import load_settings
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # templates/ and static/ live at the root
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """Create and configure the web application.
+
+    `test_config` may name `BASE_DIR` and `CONFIG_PATH` (else DEER_FLOW_HOME and
+    DEER_FLOW_CONFIG_PATH apply) and any Flask setting.
+    """
+    from deerflow_web.web import wiring
+    from deerflow_web.web.errors import register_error_handlers
+    from deerflow_web.web.extensions import csrf
+    from deerflow_web.web.security import add_security_headers
+
+    overrides = dict(test_config or {})
+    settings = load_settings(overrides.get("BASE_DIR"), config_path=overrides.get("CONFIG_PATH"))
+    app = Flask(
+        __name__,
+        template_folder=str(PROJECT_ROOT / "templates"),
+        static_folder=str(PROJECT_ROOT / "static"),
+    )
+    app.config.update(
+        SECRET_KEY=wiring.persistent_secret_key(settings.base_dir),
+        MAX_FORM_MEMORY_SIZE=64 * 1024,
+        # A backstop only: the upload service enforces the real limits while streaming.
+        MAX_CONTENT_LENGTH=settings.limits.max_total_size + 16 * 1024 * 1024,
+    )
+    app.config.update(overrides)
+    app.json.sort_keys = False  # keep DeerFlow's field order in responses
+
+    csrf.init_app(app)
+    wiring.init_app(app, settings)
+
+    from deerflow_web.web import api
+    from deerflow_web.web import pages
+
+    csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
+    app.register_blueprint(api.bp)
+    app.register_blueprint(pages.bp)
+    app.after_request(add_security_headers)
+    register_error_handlers(app)
+    return app

@@ -1,0 +1,178 @@
+"""The JSON API, wire-compatible with DeerFlow's gateway (SPEC 2): thin views over services."""
+
+from __future__ import annotations
+
+import itertools
+from urllib.parse import quote
+
+from flask import Blueprint
+from flask import Response
+from flask import request
+from flask import send_file
+from flask.typing import ResponseReturnValue
+from werkzeug.http import parse_options_header
+from werkzeug.http import parse_range_header
+
+from deerflow_web.errors import InvalidInput
+from deerflow_web.errors import InvalidOption
+from deerflow_web.errors import MissingFilesField
+from deerflow_web.models import OnConflict
+from deerflow_web.services.artifacts import resolve_artifact
+from deerflow_web.services.upload_info import companions_by_original
+from deerflow_web.services.upload_info import upload_info
+from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.multipart import MultipartReader
+from deerflow_web.web.security import refuse_cross_site
+from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_services
+from deerflow_web.web.wiring import get_upload_service
+
+bp = Blueprint("api", __name__, url_prefix="/api")
+
+_BOOL_WORDS = {
+    **dict.fromkeys(("true", "1", "yes", "on", "t", "y"), True),
+    **dict.fromkeys(("false", "0", "no", "off", "f", "n"), False),
+}
+
+
+@bp.before_request
+def check_origin() -> None:
+    """Refuse state-changing browser requests from other sites (see web/security.py)."""
+    refuse_cross_site(get_services().settings.allowed_origins)
+
+
+def _on_conflict(value: str | None) -> OnConflict:
+    try:
+        return OnConflict(value or OnConflict.REPLACE)
+    except ValueError:
+        choices = ", ".join(option.value for option in OnConflict)
+        raise InvalidOption(f"on_conflict must be one of: {choices}") from None
+
+
+def _query_bool(name: str) -> bool:
+    raw = request.args.get(name)
+    if raw is None:
+        return False
+    try:
+        return _BOOL_WORDS[raw.strip().lower()]
+    except KeyError:
+        raise InvalidInput(
+            "Input should be a valid boolean, unable to interpret input", ("query", name), raw
+        ) from None
+
+
+def _multipart_reader() -> MultipartReader:
+    mimetype, options = parse_options_header(request.headers.get("Content-Type", ""))
+    boundary = options.get("boundary", "")
+    if mimetype != "multipart/form-data" or not boundary:
+        raise MissingFilesField()
+    return MultipartReader(request.stream, boundary.encode("latin-1"))
+
+
+@bp.post("/threads/<thread_id>/uploads")
+def upload_files(thread_id: str) -> ResponseReturnValue:
+    """Store the request's files in the thread's uploads folder, streaming each part."""
+    validate_thread_id(thread_id)
+    reader = _multipart_reader()
+    parts = iter(reader)
+    first = next(parts)  # form fields sent before the first file are now in reader.fields
+    on_conflict = _on_conflict(request.args.get("on_conflict") or reader.fields.get("on_conflict"))
+    service = get_upload_service()
+    user_id = current_user_id()
+    result = service.save_uploads(
+        thread_id, itertools.chain([first], parts), on_conflict=on_conflict, user_id=user_id
+    )
+    folder = service.uploads_dir(thread_id, user_id)
+    files = [
+        upload_info(
+            saved.record,
+            thread_id=thread_id,
+            folder=folder,
+            in_upload_response=True,
+            duplicate_of=saved.duplicate_of,
+        )
+        for saved in result.files
+    ]
+    return {
+        "success": result.success,
+        "files": files,
+        "message": result.message,
+        "skipped_files": result.skipped_files,
+    }
+
+
+@bp.get("/threads/<thread_id>/uploads/limits")
+def upload_limits(thread_id: str) -> ResponseReturnValue:
+    """The limits the upload route enforces, so clients can check before sending."""
+    validate_thread_id(thread_id)
+    return get_upload_service().limits.as_dict()
+
+
+@bp.get("/threads/<thread_id>/uploads/list")
+def list_uploads(thread_id: str) -> ResponseReturnValue:
+    """The thread's uploads, by name, from the records (reconciled with the folder)."""
+    service = get_upload_service()
+    user_id = current_user_id()
+    records = service.list_uploads(thread_id, user_id)
+    folder = service.uploads_dir(thread_id, user_id)
+    companions = companions_by_original(records)
+    files = [
+        upload_info(
+            record, thread_id=thread_id, folder=folder, companion=companions.get(record.filename)
+        )
+        for record in records
+    ]
+    return {"files": files, "count": len(files)}
+
+
+@bp.delete("/threads/<thread_id>/uploads/<filename>")
+def delete_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+    """Delete one upload and the Markdown companion converted from it."""
+    validate_thread_id(thread_id)
+    get_upload_service().delete_upload(thread_id, filename, current_user_id())
+    return {"success": True, "message": f"Deleted {filename}"}
+
+
+@bp.post("/threads/<thread_id>/uploads/<filename>/rename")
+def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+    """Rename one upload; `new_name` and `on_conflict` come as JSON or form fields."""
+    validate_thread_id(thread_id)
+    body = request.get_json(silent=True) or request.form
+    new_name = body.get("new_name") or body.get("name")
+    if not isinstance(new_name, str) or not new_name:
+        raise InvalidInput("Field required", ("body", "new_name"))
+    on_conflict = _on_conflict(body.get("on_conflict") or OnConflict.REJECT)
+    service = get_upload_service()
+    user_id = current_user_id()
+    record = service.rename_upload(
+        thread_id, filename, new_name, on_conflict=on_conflict, user_id=user_id
+    )
+    info = upload_info(record, thread_id=thread_id, folder=service.uploads_dir(thread_id, user_id))
+    return {"success": True, "message": f"Renamed {filename} to {record.filename}", "file": info}
+
+
+@bp.get("/threads/<thread_id>/artifacts/<path:virtual_path>")
+def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
+    """Send one file of the thread's user-data folder; active content only as a download."""
+    validate_thread_id(thread_id)
+    download = _query_bool("download")
+    artifact = resolve_artifact(
+        get_upload_service().paths, thread_id, virtual_path, current_user_id()
+    )
+    range_header = request.headers.get("Range")
+    if range_header is not None and parse_range_header(range_header) is None:
+        return Response("Invalid Range header\n", 400, mimetype="text/plain")
+    attachment = artifact.as_attachment(download)
+    response = send_file(
+        artifact.path,
+        mimetype=artifact.content_type,
+        conditional=True,
+        as_attachment=attachment,
+        download_name=artifact.name,
+        etag=True,
+    )
+    kind = "attachment" if attachment else "inline"
+    response.headers["Content-Disposition"] = (
+        f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"
+    )
+    return response

@@ -1,0 +1,119 @@
+"""One table from domain errors to HTTP statuses; JSON under /api/, HTML pages elsewhere."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask
+from flask import render_template
+from flask import request
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES
+
+from deerflow_web.errors import ArtifactNotFound
+from deerflow_web.errors import ArtifactPrefixError
+from deerflow_web.errors import ConfigError
+from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionTimedOut
+from deerflow_web.errors import DeerFlowError
+from deerflow_web.errors import FileTooLarge
+from deerflow_web.errors import InsufficientStorage
+from deerflow_web.errors import InvalidInput
+from deerflow_web.errors import InvalidOption
+from deerflow_web.errors import InvalidPath
+from deerflow_web.errors import InvalidUserId
+from deerflow_web.errors import MalformedUpload
+from deerflow_web.errors import NameConflict
+from deerflow_web.errors import NoFilesProvided
+from deerflow_web.errors import NotAFile
+from deerflow_web.errors import NotConvertible
+from deerflow_web.errors import PathTraversal
+from deerflow_web.errors import StorageFailure
+from deerflow_web.errors import TooManyFiles
+from deerflow_web.errors import TotalTooLarge
+from deerflow_web.errors import UnsafeFilename
+from deerflow_web.errors import UploadNotFound
+
+logger = logging.getLogger(__name__)
+
+STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
+    InvalidInput: 422,
+    InvalidOption: 400,
+    InvalidUserId: 400,
+    NoFilesProvided: 400,
+    MalformedUpload: 400,
+    UnsafeFilename: 400,
+    InvalidPath: 400,
+    ArtifactPrefixError: 400,
+    NotAFile: 400,
+    NotConvertible: 400,
+    PathTraversal: 403,
+    UploadNotFound: 404,
+    ArtifactNotFound: 404,
+    NameConflict: 409,
+    TooManyFiles: 413,
+    FileTooLarge: 413,
+    TotalTooLarge: 413,
+    ConversionError: 422,
+    StorageFailure: 500,
+    ConfigError: 503,
+    ConversionTimedOut: 504,
+    InsufficientStorage: 507,
+}
+
+
+def status_for(error: DeerFlowError) -> int:
+    """The status of the most specific class in the table (500 if none matches)."""
+    for cls in type(error).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return 500
+
+
+def validation_detail(error: InvalidInput) -> list[dict[str, Any]]:
+    """DeerFlow's (FastAPI's) list-shaped 422 `detail` for request validation errors."""
+    value = (
+        error.value if error.value is None or isinstance(error.value, str) else repr(error.value)
+    )
+    return [{"type": error.kind, "loc": list(error.location), "msg": str(error), "input": value}]
+
+
+def register_error_handlers(app: Flask) -> None:
+    """Register app-level handlers; blueprint handlers never see routing 404/405."""
+
+    @app.errorhandler(DeerFlowError)
+    def handle_domain_error(error: DeerFlowError) -> ResponseReturnValue:
+        status = status_for(error)
+        if status >= 500:
+            logger.error("request failed: %s", error, exc_info=error)
+        if isinstance(error, InvalidInput) and _wants_json():
+            return {"detail": validation_detail(error)}, 422
+        return render_error(status, str(error))
+
+    @app.errorhandler(HTTPException)  # routing 404/405, 413 from the server, CSRF, 416
+    def handle_http_error(error: HTTPException) -> ResponseReturnValue:
+        status = error.code or 500
+        message = (
+            HTTP_STATUS_CODES.get(status, "Error") if status in (404, 405) else error.description
+        )
+        headers = [(k, v) for k, v in error.get_headers() if k.lower() != "content-type"]
+        return render_error(status, message, headers)
+
+    @app.errorhandler(Exception)
+    def handle_unexpected(error: Exception) -> ResponseReturnValue:
+        logger.exception("unhandled error")
+        return render_error(500, "Internal server error")
+
+
+def _wants_json() -> bool:
+    return request.path.startswith("/api/")
+
+
+def render_error(status: int, message: str | None, headers: Any = None) -> ResponseReturnValue:
+    """`{"detail": ...}` for the API, an HTML page for people."""
+    text = message or HTTP_STATUS_CODES.get(status, "Unknown Error")
+    if _wants_json():
+        return {"detail": text}, status, headers or []
+    return render_template("errors/error.html", status=status, message=text), status, headers or []

@@ -1,0 +1,78 @@
+"""Builds the services once per app and hands them to views (`app.extensions`)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from flask import Flask
+from flask import current_app
+
+from deerflow_web.services.uploads import UploadService
+from deerflow_web.services.uploads import make_upload_service
+from deerflow_web.settings import Settings
+from deerflow_web.storage.local import sweep_staging_files
+
+EXTENSION_KEY = "deerflow_web"
+SECRET_KEY_FILE = "secret_key"
+
+
+class Services:
+    """Everything views need, built from the settings in one place."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.uploads: UploadService = make_upload_service(settings.base_dir, settings.limits)
+
+
+def persistent_secret_key(base_dir: Path) -> str:
+    """A session key shared by every worker process and kept across restarts.
+
+    Each gunicorn worker builds its own app; a key generated in memory would make one
+    worker reject the CSRF tokens another one issued.
+    """
+    path = base_dir / SECRET_KEY_FILE
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        pass
+    base_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_hex(32)
+    try:
+        with open(path, "x", encoding="ascii", opener=_private_opener) as handle:
+            handle.write(key)
+    except FileExistsError:  # another worker won the race: use its key
+        return path.read_text(encoding="ascii").strip()
+    return key
+
+
+def _private_opener(path: str, flags: int) -> int:
+    import os
+
+    return os.open(path, flags, 0o600)
+
+
+def init_app(app: Flask, settings: Settings) -> None:
+    """Attach the services and clear what a killed server left half-written."""
+    services = Services(settings)
+    sweep_staging_files(services.uploads.paths.iter_uploads_dirs())
+    app.extensions[EXTENSION_KEY] = services
+
+
+def get_services() -> Services:
+    """The services of the current app."""
+    return current_app.extensions[EXTENSION_KEY]
+
+
+def get_upload_service() -> UploadService:
+    """The upload service of the current app."""
+    return get_services().uploads
+
+
+def current_user_id() -> str | None:
+    """The user whose files a request may touch (SPEC D16).
+
+    There is no authentication yet, so every request uses the flat single-user layout;
+    adding authentication means changing this one function.
+    """
+    return None
