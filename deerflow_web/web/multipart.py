@@ -9,6 +9,7 @@ crossed in the middle stops the reading there.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -29,6 +30,22 @@ from deerflow_web.models import IncomingFile
 
 READ_SIZE = 1024 * 1024
 MAX_FIELD_BYTES = 64 * 1024  # small form fields such as `on_conflict`
+_QUOTED_FILENAME = re.compile(r';\s*filename\s*=\s*"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
+_ESCAPED = re.compile(r'\\(["\\])')
+
+
+def part_filename(event: File) -> str:
+    r"""The client's filename with its backslashes kept.
+
+    Browsers send a backslash in a name as it is, and curl escapes it as `\\`; only `\"`
+    and `\\` are escapes. Werkzeug's header parser drops every other backslash, which
+    would turn `a\b.txt` into `ab.txt` instead of letting the name rules refuse it.
+    """
+    header = event.headers.get("Content-Disposition", "")
+    match = _QUOTED_FILENAME.search(header)
+    if match is None or "filename*" in header.lower():
+        return event.filename or ""
+    return _ESCAPED.sub(r"\1", match.group(1))
 
 
 class _PartStream:
@@ -94,7 +111,7 @@ class MultipartReader:
             part = _PartStream(self)
             if isinstance(event, File) and event.name == self._file_field:
                 seen_files = True
-                yield IncomingFile(event.filename or "", part)
+                yield IncomingFile(part_filename(event), part)
             elif isinstance(event, Field) and event.name:
                 self.fields[event.name] = self._read_field(part)
             part.drain()

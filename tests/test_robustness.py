@@ -1,0 +1,256 @@
+"""Failures mid-request, restarts, concurrent writers and cross-site callers (issue 2)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import UploadActions
+from conftest import uploads_dir
+
+from deerflow_web.storage.local import StagingFile
+from deerflow_web.storage.local import sweep_staging_files
+from deerflow_web.storage.paths import ThreadPaths
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_sweep_removes_only_stale_staging_files(base_dir: Path) -> None:
+    def make(relative: str) -> Path:
+        path = base_dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+        return path
+
+    stale = [
+        make("threads/t/user-data/uploads/.upload-old.part"),
+        make("users/o/threads/t2/user-data/uploads/.upload-new.part"),
+    ]
+    kept = [
+        make("misc/x/user-data/uploads/.upload-ignore.part"),
+        make("threads/t/user-data/uploads/.env"),
+        make("threads/t/user-data/uploads/.upload-note.txt"),
+        make("threads/t/user-data/uploads/draft.part"),
+    ]
+    live = StagingFile(base_dir / "threads/t/user-data/uploads")  # an upload in progress
+    try:
+        assert sweep_staging_files(ThreadPaths(base_dir).iter_uploads_dirs()) == 2
+        assert not any(path.exists() for path in stale)
+        assert all(path.exists() for path in kept)
+        assert live.path.exists()
+    finally:
+        live.discard()
+
+
+def test_app_start_sweeps(base_dir: Path, make_app) -> None:
+    leftover = uploads_dir(base_dir, "t") / ".upload-dead.part"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_text("half")
+    make_app()
+    assert not leftover.exists()
+
+
+def test_disk_full_mid_write(
+    uploads: UploadActions, base_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uploads.upload("T", (b"old bytes", "a.txt"))
+    real_write = StagingFile.write
+
+    def full_disk(self: StagingFile, data: bytes) -> None:
+        real_write(self, data[:1])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(StagingFile, "write", full_disk)
+    response = uploads.upload("T", (b"new bytes", "a.txt"), (b"more", "b.txt"))
+    assert response.status_code == 507
+    assert "disk space" in response.get_json()["detail"]
+    folder = uploads_dir(base_dir, "T")
+    assert os.listdir(folder) == ["a.txt"]
+    assert (folder / "a.txt").read_bytes() == b"old bytes"
+    monkeypatch.setattr(StagingFile, "write", real_write)
+    assert uploads.upload("T", (b"fine", "c.txt")).status_code == 200
+
+
+def test_io_error_mid_write_is_a_500_naming_the_file(
+    uploads: UploadActions, base_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: StagingFile, data: bytes) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(StagingFile, "write", broken)
+    response = uploads.upload("T", (b"x", "a.txt"))
+    assert response.status_code == 500
+    assert response.get_json()["detail"].startswith("Failed to upload a.txt:")
+    folder = uploads_dir(base_dir, "T")
+    assert not folder.exists() or os.listdir(folder) == []
+
+
+def test_client_disconnect_mid_upload(client, base_dir: Path) -> None:
+    head = (
+        b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="a.txt"\r\n\r\n'
+        + b"x" * 5000
+    )
+    response = client.post(
+        "/api/threads/T/uploads",
+        input_stream=io.BytesIO(head),
+        content_length=len(head) + 10000,
+        content_type="multipart/form-data; boundary=XYZ",
+    )
+    assert response.status_code == 400
+    assert response.get_json()["detail"]
+    folder = uploads_dir(base_dir, "T")
+    assert not folder.exists() or os.listdir(folder) == []
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(base_dir: Path, port: int) -> subprocess.Popen:
+    env = {**os.environ, "DEER_FLOW_HOME": str(base_dir)}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            "1",
+            "--threads",
+            "4",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--no-control-socket",
+            "app:app",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError("server did not start")
+
+
+def http(port: int, method: str, path: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        return b"".join(iter(lambda: sock.recv(65536), b""))
+
+
+def test_server_killed_mid_upload(base_dir: Path) -> None:
+    port = free_port()
+    server = start_server(base_dir, port)
+    folder = uploads_dir(base_dir, "T")
+    try:
+        head = b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="big.bin"\r\n\r\n'
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(
+            b"POST /api/threads/T/uploads HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: multipart/form-data; boundary=XYZ\r\n"
+            b"Content-Length: 100000000\r\n\r\n" + head + b"y" * 3_000_000
+        )
+        deadline = time.monotonic() + 10
+        while not (folder.exists() and os.listdir(folder)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [name.startswith(".upload-") for name in os.listdir(folder)] == [True]
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        sock.close()
+        server = start_server(base_dir, port)
+        listing = http(port, "GET", "/api/threads/T/uploads/list")
+        assert listing.endswith(b'{"files":[],"count":0}\n')
+        assert os.listdir(folder) == []  # swept at start-up
+        assert b"404" in http(port, "GET", "/api/threads/T/artifacts/mnt/user-data/uploads/big.bin")
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+WRITER = textwrap.dedent(
+    """
+    import io, sys
+    from pathlib import Path
+    from deerflow_web.models import IncomingFile
+    from deerflow_web.services.uploads import make_upload_service
+
+    service = make_upload_service(Path(sys.argv[1]))
+    for i in range(40):
+        body = (sys.argv[2] * 1000 + str(i)).encode()
+        service.save_uploads("T", [IncomingFile("same.txt", io.BytesIO(body))])
+    """
+)
+
+
+def test_concurrent_processes_writing_one_name(base_dir: Path) -> None:
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(base_dir), letter], cwd=ROOT)
+        for letter in "ABC"
+    ]
+    assert [w.wait(timeout=60) for w in writers] == [0, 0, 0]
+    from deerflow_web.services.uploads import make_upload_service
+
+    service = make_upload_service(base_dir)
+    [record] = service.list_uploads("T")
+    data = (uploads_dir(base_dir, "T") / "same.txt").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == record.sha256
+    assert record.source.value == "upload"  # the record was written with the bytes
+    assert len(data) == record.size and data[:1] in (b"A", b"B", b"C")
+    assert os.listdir(uploads_dir(base_dir, "T")) == ["same.txt"]
+
+
+def test_api_refuses_cross_site_browser_requests(make_app, tmp_path: Path) -> None:
+    client = make_app().test_client()
+    actions = UploadActions(client)
+    data = {"files": [(io.BytesIO(b"x"), "a.txt")]}
+    evil = client.post(
+        "/api/threads/T/uploads", data=data, headers={"Origin": "http://evil.example"}
+    )
+    assert evil.status_code == 403
+    assert "Cross-site" in evil.get_json()["detail"]
+    fetch = client.delete("/api/threads/T/uploads/a.txt", headers={"Sec-Fetch-Site": "cross-site"})
+    assert fetch.status_code == 403
+    assert actions.names("T") == []
+    assert actions.upload("T", (b"x", "a.txt")).status_code == 200  # curl: no browser headers
+    same = client.post(
+        "/api/threads/T/uploads",
+        data={"files": [(io.BytesIO(b"y"), "b.txt")]},
+        headers={"Origin": "http://localhost", "Sec-Fetch-Site": "same-origin"},
+    )
+    assert same.status_code == 200
+    read = client.get("/api/threads/T/uploads/list", headers={"Origin": "http://evil.example"})
+    assert read.status_code == 200
+
+
+def test_allowed_origins_from_config(base_dir: Path, tmp_path: Path, make_app) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"server": {"allowed_origins": ["http://ui.example:3000"]}}))
+    client = make_app(CONFIG_PATH=str(path)).test_client()
+    response = client.post(
+        "/api/threads/T/uploads",
+        data={"files": [(io.BytesIO(b"x"), "a.txt")]},
+        headers={"Origin": "http://ui.example:3000"},
+    )
+    assert response.status_code == 200

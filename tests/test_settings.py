@@ -1,0 +1,111 @@
+"""Settings: defaults without a file, config discovery, invalid values (SPEC D2/D3, 1.8)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from deerflow_web.errors import ConfigError
+from deerflow_web.models import UploadLimits
+from deerflow_web.settings import load_settings
+from deerflow_web.settings import parse_bool
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_without_any_file(tmp_path: Path) -> None:
+    settings = load_settings(environ={}, cwd=tmp_path)
+    assert settings.limits == UploadLimits(10, 52428800, 104857600)
+    assert settings.conversion.auto_convert_documents is False
+    assert settings.base_dir == Path.cwd().resolve() / ".deer-flow"
+    assert settings.config_path is None
+
+
+def test_config_in_working_dir_is_found(tmp_path: Path) -> None:
+    write(tmp_path / "config.yaml", "uploads:\n  max_files: 15\n")
+    assert load_settings(environ={}, cwd=tmp_path).limits.max_files == 15
+
+
+def test_config_path_variable_wins_and_must_exist(tmp_path: Path) -> None:
+    write(tmp_path / "config.yaml", "uploads:\n  max_files: 15\n")
+    other = write(tmp_path / "other.yaml", "uploads:\n  max_files: 3\n")
+    env = {"DEER_FLOW_CONFIG_PATH": str(other)}
+    assert load_settings(environ=env, cwd=tmp_path).limits.max_files == 3
+    with pytest.raises(ConfigError, match="DEER_FLOW_CONFIG_PATH"):
+        load_settings(environ={"DEER_FLOW_CONFIG_PATH": str(tmp_path / "nope.yaml")}, cwd=tmp_path)
+
+
+def test_broken_yaml_names_the_file(tmp_path: Path) -> None:
+    bad = write(tmp_path / "config.yaml", "uploads: [unclosed\n")
+    with pytest.raises(ConfigError, match=f"{bad}.*not valid YAML"):
+        load_settings(environ={}, cwd=tmp_path)
+
+
+def test_environment_references(tmp_path: Path) -> None:
+    write(tmp_path / "config.yaml", "uploads:\n  max_files: $MAXF\n")
+    assert load_settings(environ={"MAXF": "4"}, cwd=tmp_path).limits.max_files == 4
+    with pytest.raises(ConfigError, match="MAXF is not set"):
+        load_settings(environ={}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("uploads", "expected"),
+    [
+        (
+            {"max_files": 15, "max_file_size": "1048576", "max_total_size": 2097152},
+            (15, 1048576, 2097152),
+        ),
+        ({"max_file_count": 7, "max_single_file_size": 123, "max_total_size": 456}, (7, 123, 456)),
+        ({}, (10, 52428800, 104857600)),
+    ],
+)
+def test_limits_from_mapping(uploads: dict, expected: tuple[int, int, int]) -> None:
+    limits = UploadLimits.from_mapping(uploads)
+    assert (limits.max_files, limits.max_file_size, limits.max_total_size) == expected
+
+
+@pytest.mark.parametrize("bad", [0, -1, "abc", True, 1.5j])
+def test_invalid_limit_falls_back_with_warning(
+    bad: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert UploadLimits.from_mapping({"max_files": bad}).max_files == 10
+    assert "max_files" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True),
+        ("YES", True),
+        (" on ", True),
+        ("1", True),
+        ("false", False),
+        (False, False),
+        ("maybe", False),
+        (0, False),
+    ],
+)
+def test_parse_bool(value: object, expected: bool) -> None:
+    assert parse_bool(value) is expected
+
+
+def test_pdf_converter_values(tmp_path: Path) -> None:
+    for given, expected in [
+        ("markitdown", "markitdown"),
+        ("PyMuPDF4LLM", "pymupdf4llm"),
+        ("not-a-real-converter", "auto"),
+    ]:
+        write(tmp_path / "config.yaml", f"uploads:\n  pdf_converter: {given}\n")
+        assert load_settings(environ={}, cwd=tmp_path).conversion.pdf_converter == expected
+
+
+def test_non_mapping_top_level_is_an_error(tmp_path: Path) -> None:
+    write(tmp_path / "config.yaml", "- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_settings(environ={}, cwd=tmp_path)
