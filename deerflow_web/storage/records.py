@@ -43,8 +43,8 @@ CREATE TABLE IF NOT EXISTS uploads (
 """
 
 _COLUMNS = (
-    "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, original_filename, "
-    "converted_from, conversion_state, conversion_error"
+    "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
+    "original_filename, converted_from, conversion_state, conversion_error"
 )
 
 
