@@ -19,6 +19,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     `test_config` may name `BASE_DIR` and `CONFIG_PATH` (else DEER_FLOW_HOME and
     DEER_FLOW_CONFIG_PATH apply) and any Flask setting.
     """
+    from deerflow_web.web import i18n
     from deerflow_web.web import wiring
     from deerflow_web.web.errors import register_error_handlers
     from deerflow_web.web.extensions import csrf
@@ -41,6 +42,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False  # keep DeerFlow's field order in responses
 
     csrf.init_app(app)
+    i18n.init_app(app, PROJECT_ROOT / "translations")
     wiring.init_app(app, settings)
 
     from deerflow_web.web import api
