@@ -1,14 +1,319 @@
-"""Server-rendered pages for people: the thread file manager."""
+"""Server-rendered pages for people: the threads index, the file manager and previews.
+
+Every page works without JavaScript (forms post, the server redirects back with a flash
+message); `static/upload.js` and `static/files.js` only make the same actions smoother.
+Views unwrap the request, call a service and render; the rules live in the services.
+"""
 
 from __future__ import annotations
 
+from functools import partial
+from urllib.parse import urlsplit
+
 from flask import Blueprint
+from flask import abort
+from flask import flash
+from flask import redirect
 from flask import render_template
+from flask import request
+from flask import url_for
+from flask.typing import ResponseReturnValue
+from flask_babel import gettext as _
+from flask_babel import ngettext
+from markupsafe import Markup
+
+from deerflow_web.errors import DeerFlowError
+from deerflow_web.errors import InvalidThreadId
+from deerflow_web.errors import UploadError
+from deerflow_web.errors import UploadNotFound
+from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import Area
+from deerflow_web.models import IncomingFile
+from deerflow_web.models import OnConflict
+from deerflow_web.services.artifacts import resolve_artifact
+from deerflow_web.services.browse import BROWSABLE_AREAS
+from deerflow_web.services.browse import list_area
+from deerflow_web.services.bulk_delete import delete_uploads
+from deerflow_web.services.file_list import SortKey
+from deerflow_web.services.file_list import build_listing
+from deerflow_web.services.list_query import ListQuery
+from deerflow_web.services.preview import BROWSER_IMAGE_TYPES
+from deerflow_web.services.preview import PREVIEW_BYTES
+from deerflow_web.services.preview import build_preview
+from deerflow_web.services.threads import create_thread
+from deerflow_web.services.threads import list_threads
+from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web import helpers
+from deerflow_web.web.errors import status_for
+from deerflow_web.web.forms import CsrfOnlyForm
+from deerflow_web.web.forms import DeleteForm
+from deerflow_web.web.forms import RenameForm
+from deerflow_web.web.forms import UploadForm
+from deerflow_web.web.i18n import LANG_COOKIE
+from deerflow_web.web.i18n import LANGUAGES
+from deerflow_web.web.messages import describe_error
+from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("pages", __name__)
+helpers.register(bp)
+
+LANG_COOKIE_AGE = 365 * 24 * 3600
+
+
+def _back_to_thread(thread_id: str) -> ResponseReturnValue:
+    """Post/redirect/get: every form of the file manager lands back on the list."""
+    return redirect(url_for("pages.thread_files", thread_id=thread_id))
 
 
 @bp.get("/")
 def index() -> str:
-    """The threads index."""
-    return render_template("pages/index.html")
+    """List every thread, newest change first, with a way to open or start one."""
+    service = get_upload_service()
+    threads = list_threads(service.paths, service.records, current_user_id())
+    return render_template("pages/index.html", threads=threads, new_form=CsrfOnlyForm())
+
+
+@bp.post("/threads")
+def new_thread() -> ResponseReturnValue:
+    """Start a thread with a fresh id and open it."""
+    thread_id = create_thread(get_upload_service().paths, current_user_id())
+    flash(_("New thread created. Upload files to get started."), "success")
+    return _back_to_thread(thread_id)
+
+
+@bp.get("/open")
+def open_thread() -> ResponseReturnValue:
+    """Open a thread by the id a person typed (the index's form sends it here)."""
+    thread_id = request.args.get("thread_id", "").strip()
+    try:
+        validate_thread_id(thread_id)
+    except InvalidThreadId:
+        flash(_("Thread ids use 1-64 letters, digits, hyphens or underscores."), "error")
+        return redirect(url_for("pages.index"))
+    return _back_to_thread(thread_id)
+
+
+@bp.get("/threads/<thread_id>")
+def thread_files(thread_id: str) -> str:
+    """The file manager: upload form, the uploads list and the area tabs."""
+    validate_thread_id(thread_id)
+    service = get_upload_service()
+    query = ListQuery.from_args(request.args)
+    records = service.list_uploads(thread_id, current_user_id())
+    listing = build_listing(
+        records, query=query.q, kind=query.kind, sort=query.sort, descending=query.descending
+    )
+    return render_template(
+        "pages/thread_files.html",
+        thread_id=thread_id,
+        area=Area.UPLOADS,
+        listing=listing,
+        query=query,
+        sort_keys=list(SortKey),
+        limits=service.limits,
+        upload_form=UploadForm(),
+        delete_form=DeleteForm(),
+        rename_form=RenameForm(),
+    )
+
+
+@bp.post("/threads/<thread_id>/upload")
+def upload_files(thread_id: str) -> ResponseReturnValue:
+    """Store the form's files (the no-JavaScript path; scripts use the JSON API)."""
+    validate_thread_id(thread_id)
+    form = UploadForm()
+    if not form.validate_on_submit():
+        for errors in form.errors.values():
+            for message in errors:
+                flash(str(message), "error")
+        return _back_to_thread(thread_id)
+    service = get_upload_service()
+    incoming = [IncomingFile(f.filename or "", f.stream) for f in form.files.data]
+    try:
+        result = service.save_uploads(
+            thread_id,
+            incoming,
+            on_conflict=OnConflict(form.on_conflict.data),
+            user_id=current_user_id(),
+        )
+    except UploadError as error:
+        flash(describe_error(error, service.limits), "error")
+        return _back_to_thread(thread_id)
+    count = len(result.files)
+    flash(ngettext("Uploaded %(num)d file.", "Uploaded %(num)d files.", count), "success")
+    if result.skipped_files:
+        names = ", ".join(result.skipped_files)
+        flash(_("Skipped because the name is unsafe: %(names)s", names=names), "error")
+    return _back_to_thread(thread_id)
+
+
+@bp.get("/threads/<thread_id>/delete")
+def confirm_delete(thread_id: str) -> str:
+    """Ask before deleting the named files (a row's Delete link lands here)."""
+    validate_thread_id(thread_id)
+    filenames = [name for name in request.args.getlist("filenames") if name]
+    if not filenames:
+        abort(400, _("No file was named."))
+    return render_template(
+        "pages/confirm_delete.html", thread_id=thread_id, filenames=filenames, form=DeleteForm()
+    )
+
+
+@bp.post("/threads/<thread_id>/delete")
+def delete_files(thread_id: str) -> ResponseReturnValue:
+    """Delete the selected files once confirmed; an unconfirmed post shows what it would do."""
+    validate_thread_id(thread_id)
+    form = DeleteForm()
+    filenames = [name for name in form.filenames.data or [] if name]
+    if not filenames:
+        flash(_("Select at least one file to delete."), "error")
+        return _back_to_thread(thread_id)
+    if form.confirmed.data != "yes":
+        return render_template(
+            "pages/confirm_delete.html", thread_id=thread_id, filenames=filenames, form=form
+        )
+    service = get_upload_service()
+    result = delete_uploads(service, thread_id, filenames, current_user_id())
+    if result.deleted:
+        flash(
+            ngettext(
+                "Deleted %(num)d file: %(names)s",
+                "Deleted %(num)d files: %(names)s",
+                len(result.deleted),
+                names=", ".join(result.deleted),
+            ),
+            "success",
+        )
+    for _name, error in result.failed:
+        flash(describe_error(error, service.limits), "error")
+    return _back_to_thread(thread_id)
+
+
+@bp.get("/threads/<thread_id>/rename")
+def rename_form(thread_id: str) -> str:
+    """Ask for a file's new name (a row's Rename link lands here)."""
+    validate_thread_id(thread_id)
+    filename = request.args.get("filename", "")
+    record = get_upload_service().get_upload(thread_id, filename, current_user_id())
+    form = RenameForm(filename=record.filename, new_name=record.filename)
+    return render_template("pages/rename.html", thread_id=thread_id, form=form, error=None)
+
+
+@bp.post("/threads/<thread_id>/rename")
+def rename_file(thread_id: str) -> ResponseReturnValue:
+    """Rename one upload; a taken name asks again with the choice of what to do."""
+    validate_thread_id(thread_id)
+    form = RenameForm()
+    service = get_upload_service()
+    error_text = None
+    status = 422  # the form itself was incomplete
+    if form.validate_on_submit():
+        try:
+            record = service.rename_upload(
+                thread_id,
+                form.filename.data,
+                form.new_name.data,
+                on_conflict=OnConflict(form.on_conflict.data),
+                user_id=current_user_id(),
+            )
+        except DeerFlowError as error:
+            error_text = describe_error(error, service.limits)
+            status = status_for(error)
+            if isinstance(error, UploadNotFound):
+                flash(error_text, "error")
+                return _back_to_thread(thread_id)
+        else:
+            flash(
+                _("Renamed “%(old)s” to “%(new)s”.", old=form.filename.data, new=record.filename),
+                "success",
+            )
+            return _back_to_thread(thread_id)
+    return (
+        render_template("pages/rename.html", thread_id=thread_id, form=form, error=error_text),
+        status,
+    )
+
+
+@bp.get("/threads/<thread_id>/browse/<area>", defaults={"folder": ""})
+@bp.get("/threads/<thread_id>/browse/<area>/<path:folder>")
+def browse_area(thread_id: str, area: str, folder: str) -> ResponseReturnValue:
+    """Read-only view of what the agent wrote to outputs/ or workspace/."""
+    validate_thread_id(thread_id)
+    if area == Area.UPLOADS:
+        return _back_to_thread(thread_id)
+    if area not in BROWSABLE_AREAS:
+        abort(404)
+    listing = list_area(
+        get_upload_service().paths, thread_id, Area(area), folder, current_user_id()
+    )
+    return render_template(
+        "pages/browse.html", thread_id=thread_id, area=Area(area), listing=listing
+    )
+
+
+def _image_url(thread_id: str, user_data_path: str) -> str | None:
+    """A same-origin URL for an image a Markdown file shows, if it is one of the thread's."""
+    try:
+        artifact = resolve_artifact(
+            get_upload_service().paths,
+            thread_id,
+            f"{VIRTUAL_PATH_PREFIX}/{user_data_path}",
+            current_user_id(),
+        )
+    except DeerFlowError:
+        return None
+    if artifact.content_type not in BROWSER_IMAGE_TYPES:
+        return None
+    return helpers.artifact_href(thread_id, user_data_path)
+
+
+@bp.get("/threads/<thread_id>/files/<path:path>")
+def preview_file(thread_id: str, path: str) -> str:
+    """Show one file of the thread: rendered, as text, as media, or as a download card."""
+    validate_thread_id(thread_id)
+    service = get_upload_service()
+    user_id = current_user_id()
+    artifact = resolve_artifact(service.paths, thread_id, f"{VIRTUAL_PATH_PREFIX}/{path}", user_id)
+    preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread_id))
+    area, _sep, rest = path.partition("/")
+    record = None
+    if area == Area.UPLOADS and "/" not in rest:
+        try:
+            record = service.get_upload(thread_id, rest, user_id)
+        except UploadNotFound:
+            record = None
+    return render_template(
+        "pages/preview.html",
+        thread_id=thread_id,
+        path=path,
+        area=area if area in set(Area) else None,
+        folder=rest.rpartition("/")[0],
+        preview=preview,
+        rendered=Markup(preview.html),  # markdown_render's output: sanitised by construction
+        show_source=request.args.get("view") == "source",
+        record=record,
+        preview_limit=PREVIEW_BYTES,
+    )
+
+
+def _safe_next(target: str | None) -> str:
+    """A same-site path to return to; anything else (another host, `//x`) goes home."""
+    if not target:
+        return url_for("pages.index")
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return url_for("pages.index")
+    if "\\" in target:
+        return url_for("pages.index")
+    return target
+
+
+@bp.get("/language/<code>")
+def set_language(code: str) -> ResponseReturnValue:
+    """Remember the chosen language in a cookie and go back to the page it was chosen on."""
+    if code not in LANGUAGES:
+        abort(404)
+    response = redirect(_safe_next(request.args.get("next")))
+    response.set_cookie(LANG_COOKIE, code, max_age=LANG_COOKIE_AGE, samesite="Lax", httponly=True)
+    return response

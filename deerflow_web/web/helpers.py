@@ -1,0 +1,105 @@
+"""Template globals and filters of the pages: URLs, sizes, times and translated labels.
+
+Templates build every link through these (and so through `url_for`), never by hand.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from datetime import datetime
+
+from flask import Blueprint
+from flask import current_app
+from flask import url_for
+from flask_babel import format_datetime
+from flask_babel import lazy_gettext as _l
+
+from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import Area
+from deerflow_web.models import ConversionState
+from deerflow_web.services.file_kinds import FileKind
+from deerflow_web.services.sizes import human_size
+
+CONVERT_ENDPOINT = "api.convert_upload"
+
+KIND_LABELS = {
+    FileKind.DOCUMENT: _l("Document"),
+    FileKind.SPREADSHEET: _l("Spreadsheet"),
+    FileKind.PRESENTATION: _l("Presentation"),
+    FileKind.TEXT: _l("Text"),
+    FileKind.DATA: _l("Data"),
+    FileKind.CODE: _l("Code"),
+    FileKind.IMAGE: _l("Image"),
+    FileKind.AUDIO: _l("Audio"),
+    FileKind.VIDEO: _l("Video"),
+    FileKind.ARCHIVE: _l("Archive"),
+    FileKind.OTHER: _l("Other"),
+}
+
+AREA_LABELS = {
+    Area.UPLOADS: _l("Uploads"),
+    Area.OUTPUTS: _l("Outputs"),
+    Area.WORKSPACE: _l("Workspace"),
+}
+
+CONVERSION_LABELS = {
+    ConversionState.QUEUED: _l("Waiting to convert"),
+    ConversionState.CONVERTING: _l("Converting…"),
+    ConversionState.DONE: _l("Converted"),
+    ConversionState.FAILED: _l("Conversion failed"),
+}
+
+
+def virtual_path(user_data_path: str) -> str:
+    """`uploads/a.txt` → `mnt/user-data/uploads/a.txt` (the artifact route's path)."""
+    return f"{VIRTUAL_PATH_PREFIX.lstrip('/')}/{user_data_path}"
+
+
+def artifact_href(thread_id: str, user_data_path: str, download: bool = False) -> str:
+    """The file itself: inline where safe, or as a download."""
+    args = {"download": "true"} if download else {}
+    return url_for(
+        "api.get_artifact", thread_id=thread_id, virtual_path=virtual_path(user_data_path), **args
+    )
+
+
+def preview_href(thread_id: str, user_data_path: str) -> str:
+    """The preview page of a file."""
+    return url_for("pages.preview_file", thread_id=thread_id, path=user_data_path)
+
+
+def convert_href(thread_id: str, filename: str) -> str:
+    """The explicit-conversion endpoint of an upload (SPEC 3.4).
+
+    The route belongs to the conversion work; until it is registered, its documented path
+    (`…/uploads/<filename>/convert`) is derived from the upload's own API URL.
+    """
+    if CONVERT_ENDPOINT in current_app.view_functions:
+        return url_for(CONVERT_ENDPOINT, thread_id=thread_id, filename=filename)
+    return url_for("api.delete_upload", thread_id=thread_id, filename=filename) + "/convert"
+
+
+def timestamp(value: float | None, style: str = "short") -> str:
+    """A POSIX time in the reader's locale (UTC unless a time zone is configured)."""
+    if not value:
+        return ""
+    return format_datetime(datetime.fromtimestamp(value, UTC), style)
+
+
+def iso_time(value: float | None) -> str:
+    """A POSIX time as ISO 8601, for `<time datetime>`."""
+    if not value:
+        return ""
+    return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
+
+
+def register(bp: Blueprint) -> None:
+    """Make the helpers available to every template of the app."""
+    for function in (artifact_href, preview_href, convert_href):
+        bp.add_app_template_global(function)
+    bp.add_app_template_global(KIND_LABELS, "kind_labels")
+    bp.add_app_template_global(AREA_LABELS, "area_labels")
+    bp.add_app_template_global(CONVERSION_LABELS, "conversion_labels")
+    bp.add_app_template_filter(human_size)
+    bp.add_app_template_filter(timestamp)
+    bp.add_app_template_filter(iso_time)

@@ -1,0 +1,491 @@
+/* Uploads with a drop zone, client-side limit checks, a name-conflict prompt and progress.
+ *
+ * The form works without this script (it posts to the page, which redirects back). With
+ * it, files go to the JSON API (`POST .../uploads`) through XMLHttpRequest, whose upload
+ * progress events drive the bars. The limits are the server's own (GET .../uploads/limits)
+ * and are checked in selection order as DeerFlow's client does (SPEC 2.7), so a file that
+ * would be refused is explained before a single byte is sent. The server stays the judge:
+ * naming, numbering and storage rules are never re-implemented here.
+ */
+(function () {
+  "use strict";
+
+  var root = document.getElementById("file-manager");
+  var form = document.getElementById("upload-form");
+  var shared = window.DeerflowFiles;
+  if (!root || !form || !shared) {
+    return;
+  }
+  var t = shared.t;
+  var formatSize = shared.formatSize;
+
+  var input = document.getElementById("file-input");
+  var zone = document.getElementById("drop-zone");
+  var queue = document.getElementById("upload-queue");
+  var problemsBox = document.getElementById("upload-problems");
+  var uploadButton = document.getElementById("upload-button");
+  var clearButton = document.getElementById("clear-button");
+  var cancelButton = document.getElementById("cancel-button");
+  var totalBox = document.getElementById("total-progress");
+  var totalBar = document.getElementById("total-progress-bar");
+  var totalText = document.getElementById("total-progress-text");
+  var status = document.getElementById("upload-status");
+  var conflictField = document.getElementById("conflict-field");
+
+  var pending = []; // {file, problem, item, bar}
+  var limits = null;
+  var busy = false;
+  var currentRequest = null;
+  var cancelled = false;
+
+  // The script asks about each taken name instead; the no-script choice is not needed.
+  if (conflictField) {
+    conflictField.hidden = true;
+  }
+  input.removeAttribute("required");
+  render();
+
+  fetch(root.getAttribute("data-limits-url"), { credentials: "same-origin" })
+    .then(function (response) {
+      return response.ok ? response.json() : null;
+    })
+    .then(function (body) {
+      limits = body;
+      check();
+    })
+    .catch(function () {
+      limits = null; // the server still enforces every limit
+    });
+
+  /* ---- Choosing files ------------------------------------------------------ */
+
+  function isAppBundle(file) {
+    return /\.app$/i.test(file.name) && (!file.type || file.type === "application/octet-stream");
+  }
+
+  function addFiles(fileList) {
+    if (busy) {
+      return;
+    }
+    Array.prototype.forEach.call(fileList, function (file) {
+      pending.push({ file: file, problem: null, item: null, bar: null });
+    });
+    status.textContent = "";
+    render();
+  }
+
+  /** SPEC 2.7: in selection order, per file, then count, then running total. */
+  function check() {
+    var count = 0;
+    var total = 0;
+    pending.forEach(function (entry) {
+      var file = entry.file;
+      entry.problem = null;
+      if (isAppBundle(file)) {
+        entry.problem = t("appBundle", { name: file.name });
+      } else if (limits && file.size > limits.max_file_size) {
+        entry.problem = t("limitFile", {
+          name: file.name,
+          size: formatSize(file.size),
+          max: formatSize(limits.max_file_size),
+        });
+      } else if (limits && count >= limits.max_files) {
+        entry.problem = t("limitCount", { name: file.name, max: limits.max_files });
+      } else if (limits && total + file.size > limits.max_total_size) {
+        entry.problem = t("limitTotal", {
+          name: file.name,
+          size: formatSize(total + file.size),
+          max: formatSize(limits.max_total_size),
+        });
+      } else {
+        count += 1;
+        total += file.size;
+      }
+    });
+    renderProblems();
+    return pending.every(function (entry) {
+      return entry.problem === null;
+    });
+  }
+
+  function renderProblems() {
+    var problems = pending.filter(function (entry) {
+      return entry.problem !== null;
+    });
+    problemsBox.replaceChildren();
+    problemsBox.hidden = problems.length === 0;
+    if (!problems.length) {
+      return;
+    }
+    var list = document.createElement("ul");
+    problems.forEach(function (entry) {
+      var item = document.createElement("li");
+      item.textContent = entry.problem;
+      list.appendChild(item);
+    });
+    var note = document.createElement("p");
+    note.textContent = t("nothingSent");
+    problemsBox.appendChild(list);
+    problemsBox.appendChild(note);
+    pending.forEach(function (entry) {
+      if (entry.item) {
+        entry.item.classList.toggle("bad", entry.problem !== null);
+        entry.item.querySelector(".problem").textContent = entry.problem || "";
+      }
+    });
+  }
+
+  function render() {
+    queue.replaceChildren();
+    queue.hidden = pending.length === 0;
+    clearButton.hidden = pending.length === 0;
+    pending.forEach(function (entry, index) {
+      var item = document.createElement("li");
+      item.className = "upload-item";
+      var name = document.createElement("span");
+      name.className = "name";
+      name.textContent = entry.file.name;
+      var size = document.createElement("span");
+      size.className = "size";
+      size.textContent = formatSize(entry.file.size);
+      var remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "button remove";
+      remove.textContent = "×";
+      remove.setAttribute("aria-label", t("remove", { name: entry.file.name }));
+      remove.addEventListener("click", function () {
+        pending.splice(index, 1);
+        render();
+      });
+      var bar = document.createElement("progress");
+      bar.max = Math.max(entry.file.size, 1);
+      bar.value = 0;
+      bar.setAttribute("aria-label", entry.file.name);
+      var problem = document.createElement("span");
+      problem.className = "problem";
+      var head = document.createElement("span");
+      head.className = "name-line";
+      head.appendChild(name);
+      head.appendChild(document.createTextNode(" "));
+      head.appendChild(size);
+      item.appendChild(head);
+      item.appendChild(remove);
+      item.appendChild(bar);
+      item.appendChild(problem);
+      entry.item = item;
+      entry.bar = bar;
+      queue.appendChild(item);
+    });
+    check();
+  }
+
+  input.addEventListener("change", function () {
+    addFiles(input.files);
+    input.value = ""; // the files are kept in `pending`; the same file can be chosen again
+  });
+
+  clearButton.addEventListener("click", function () {
+    pending = [];
+    problemsBox.hidden = true;
+    render();
+  });
+
+  ["dragenter", "dragover"].forEach(function (type) {
+    zone.addEventListener(type, function (event) {
+      event.preventDefault();
+      zone.classList.add("dragover");
+    });
+  });
+  ["dragleave", "drop"].forEach(function (type) {
+    zone.addEventListener(type, function () {
+      zone.classList.remove("dragover");
+    });
+  });
+  zone.addEventListener("drop", function (event) {
+    event.preventDefault();
+    if (event.dataTransfer && event.dataTransfer.files.length) {
+      addFiles(event.dataTransfer.files);
+    }
+  });
+  // A file dropped beside the zone must not make the browser leave the page to open it.
+  ["dragover", "drop"].forEach(function (type) {
+    document.addEventListener(type, function (event) {
+      if (!zone.contains(event.target)) {
+        event.preventDefault();
+      }
+    });
+  });
+
+  /* ---- Name conflicts --------------------------------------------------------- */
+
+  function existingNames() {
+    return fetch(root.getAttribute("data-list-url"), {
+      headers: { Accept: "application/json" },
+      credentials: "same-origin",
+    })
+      .then(function (response) {
+        return response.ok ? response.json() : { files: [] };
+      })
+      .then(function (body) {
+        return new Set(
+          body.files.map(function (file) {
+            return file.filename;
+          })
+        );
+      });
+  }
+
+  /** Ask replace / keep both / skip for each taken name; resolve a Map or null (cancel). */
+  function askConflicts(conflicts) {
+    if (!conflicts.length) {
+      return Promise.resolve(new Map());
+    }
+    var dialog = document.getElementById("conflict-dialog");
+    var box = dialog.querySelector('[data-role="choices"]');
+    var template = dialog.querySelector('[data-role="choice-template"]');
+    box.replaceChildren();
+    conflicts.forEach(function (entry, index) {
+      var fieldset = template.content.firstElementChild.cloneNode(true);
+      fieldset.querySelector('[data-role="name"]').textContent = entry.file.name;
+      fieldset.querySelectorAll("input").forEach(function (radio) {
+        radio.name = "conflict-" + index;
+      });
+      box.appendChild(fieldset);
+    });
+    return new Promise(function (resolve) {
+      dialog.addEventListener(
+        "close",
+        function () {
+          if (dialog.returnValue !== "confirm") {
+            resolve(null);
+            return;
+          }
+          var choices = new Map();
+          conflicts.forEach(function (entry, index) {
+            var checked = box.querySelector('input[name="conflict-' + index + '"]:checked');
+            choices.set(entry, checked ? checked.value : "replace");
+          });
+          resolve(choices);
+        },
+        { once: true }
+      );
+      dialog.returnValue = "";
+      dialog.showModal();
+    });
+  }
+
+  /* ---- Sending ------------------------------------------------------------------ */
+
+  function setBusy(value) {
+    busy = value;
+    uploadButton.disabled = value;
+    clearButton.disabled = value;
+    input.disabled = value;
+    cancelButton.hidden = !value;
+  }
+
+  function showTotal(loaded, total) {
+    totalBox.hidden = false;
+    totalBar.max = Math.max(total, 1);
+    totalBar.value = loaded;
+    totalText.textContent = t("progressOf", {
+      loaded: formatSize(loaded),
+      total: formatSize(total),
+    });
+  }
+
+  /**
+   * Send one batch in one request (the server stores a request all or nothing).
+   * The body's progress is spread over the files in the order they are encoded.
+   */
+  function sendBatch(entries, onConflict, before, grandTotal) {
+    return new Promise(function (resolve, reject) {
+      var data = new FormData();
+      entries.forEach(function (entry) {
+        data.append("files", entry.file, entry.file.name);
+      });
+      var batchBytes = entries.reduce(function (sum, entry) {
+        return sum + entry.file.size;
+      }, 0);
+      var xhr = new XMLHttpRequest();
+      currentRequest = xhr;
+      var url = root.getAttribute("data-upload-url") + "?on_conflict=" + encodeURIComponent(onConflict);
+      xhr.open("POST", url);
+      xhr.setRequestHeader("Accept", "application/json");
+      xhr.setRequestHeader("X-CSRFToken", shared.csrfToken);
+      xhr.upload.addEventListener("progress", function (event) {
+        if (!event.lengthComputable) {
+          return;
+        }
+        var sent = Math.min(batchBytes, Math.round((event.loaded / event.total) * batchBytes));
+        var offset = 0;
+        entries.forEach(function (entry) {
+          entry.bar.value = Math.max(0, Math.min(entry.file.size, sent - offset));
+          offset += entry.file.size;
+        });
+        showTotal(before + sent, grandTotal);
+      });
+      xhr.addEventListener("load", function () {
+        currentRequest = null;
+        var body = null;
+        try {
+          body = JSON.parse(xhr.responseText);
+        } catch (error) {
+          body = null;
+        }
+        if (xhr.status >= 200 && xhr.status < 300 && body) {
+          entries.forEach(function (entry) {
+            entry.bar.value = entry.bar.max;
+            entry.item.classList.add("done");
+          });
+          resolve(body);
+        } else {
+          reject(new Error(shared.detailOf(body, xhr.statusText || String(xhr.status))));
+        }
+      });
+      xhr.addEventListener("error", function () {
+        currentRequest = null;
+        reject(new Error(t("networkError")));
+      });
+      xhr.addEventListener("abort", function () {
+        currentRequest = null;
+        reject(new Error("cancelled"));
+      });
+      xhr.send(data);
+    });
+  }
+
+  cancelButton.addEventListener("click", function () {
+    cancelled = true;
+    if (currentRequest) {
+      currentRequest.abort();
+    }
+  });
+
+  function start() {
+    if (!pending.length) {
+      status.textContent = t("noFiles");
+      return;
+    }
+    if (!check()) {
+      problemsBox.focus();
+      return; // explained above; nothing is sent
+    }
+    setBusy(true);
+    cancelled = false;
+    existingNames()
+      .then(function (taken) {
+        var conflicts = pending.filter(function (entry) {
+          return taken.has(entry.file.name);
+        });
+        return askConflicts(conflicts);
+      })
+      .then(function (choices) {
+        if (choices === null) {
+          setBusy(false);
+          return null;
+        }
+        var replaceBatch = [];
+        var renameBatch = [];
+        var skipped = [];
+        pending.forEach(function (entry) {
+          var choice = choices.get(entry) || "replace";
+          if (choice === "skip") {
+            skipped.push(entry);
+          } else if (choice === "rename") {
+            renameBatch.push(entry);
+          } else {
+            replaceBatch.push(entry);
+          }
+        });
+        return upload([
+          [replaceBatch, "replace"],
+          [renameBatch, "rename"],
+        ], skipped);
+      })
+      .catch(function (error) {
+        setBusy(false);
+        status.textContent = t("failed", { detail: error.message });
+      });
+  }
+
+  function upload(batches, skipped) {
+    var batchesToSend = batches.filter(function (batch) {
+      return batch[0].length > 0;
+    });
+    var grandTotal = batchesToSend.reduce(function (sum, batch) {
+      return (
+        sum +
+        batch[0].reduce(function (inner, entry) {
+          return inner + entry.file.size;
+        }, 0)
+      );
+    }, 0);
+    var count = batchesToSend.reduce(function (sum, batch) {
+      return sum + batch[0].length;
+    }, 0);
+    var stored = 0;
+    var serverSkipped = [];
+    var before = 0;
+    status.textContent = t("uploading", { count: count });
+    showTotal(0, grandTotal);
+    skipped.forEach(function (entry) {
+      entry.item.classList.add("done");
+    });
+
+    var chain = Promise.resolve();
+    batchesToSend.forEach(function (batch) {
+      chain = chain.then(function () {
+        if (cancelled) {
+          throw new Error("cancelled");
+        }
+        return sendBatch(batch[0], batch[1], before, grandTotal).then(function (body) {
+          before += batch[0].reduce(function (sum, entry) {
+            return sum + entry.file.size;
+          }, 0);
+          stored += (body.files || []).length;
+          serverSkipped = serverSkipped.concat(body.skipped_files || []);
+        });
+      });
+    });
+    return chain
+      .then(function () {
+        var message = t("uploaded", { count: stored });
+        var skippedNames = skipped
+          .map(function (entry) {
+            return entry.file.name;
+          })
+          .concat(serverSkipped);
+        if (skippedNames.length) {
+          message += " " + t("skipped", { names: skippedNames.join(", ") });
+        }
+        finish(message);
+      })
+      .catch(function (error) {
+        if (error.message === "cancelled") {
+          finish(t("cancelled"));
+        } else {
+          finish(t("failed", { detail: error.message }), true);
+        }
+      });
+  }
+
+  function finish(message, keepQueue) {
+    setBusy(false);
+    if (!keepQueue) {
+      pending = [];
+      render();
+    }
+    shared.refreshList().then(function () {
+      status.textContent = message;
+    });
+    status.textContent = message;
+  }
+
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    if (!busy) {
+      start();
+    }
+  });
+})();
