@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS uploads (
     converted_from TEXT,
     conversion_state TEXT,
     conversion_error TEXT,
+    conversion_owner TEXT,
     PRIMARY KEY (scope, filename)
 ) WITHOUT ROWID;
 """
@@ -117,9 +118,17 @@ class UploadRecords(Protocol):
     def get(self, scope: str, filename: str) -> StoredRecord | None: ...
     def locked(self, scope: str) -> AbstractContextManager[RecordsTransaction]: ...
     def set_conversion(
-        self, scope: str, filename: str, state: ConversionState | None, error: str | None
+        self,
+        scope: str,
+        filename: str,
+        state: ConversionState | None,
+        error: str | None = None,
+        owner: str | None = None,
     ) -> bool: ...
-    def find_conversions(self, states: Iterable[ConversionState]) -> list[tuple[str, str]]: ...
+    def conversion_owner(self, scope: str, filename: str) -> str | None: ...
+    def find_conversions(
+        self, states: Iterable[ConversionState]
+    ) -> list[tuple[str, str, str | None]]: ...
     def summaries(self) -> list[ThreadSummary]: ...
 
 
@@ -220,28 +229,44 @@ class SQLiteUploadRecords:
         db.execute("COMMIT")
 
     def set_conversion(
-        self, scope: str, filename: str, state: ConversionState | None, error: str | None
+        self,
+        scope: str,
+        filename: str,
+        state: ConversionState | None,
+        error: str | None = None,
+        owner: str | None = None,
     ) -> bool:
-        """Record a conversion job's state; False when the file's record is gone."""
+        """Record a conversion job's state and the process running it; False if no record."""
         cursor = self._db().execute(
-            "UPDATE uploads SET conversion_state = ?, conversion_error = ? "
+            "UPDATE uploads SET conversion_state = ?, conversion_error = ?, conversion_owner = ? "
             "WHERE scope = ? AND filename = ?",
-            (state.value if state else None, error, scope, filename),
+            (state.value if state else None, error, owner, scope, filename),
         )
         return cursor.rowcount > 0
 
-    def find_conversions(self, states: Iterable[ConversionState]) -> list[tuple[str, str]]:
-        """(scope, filename) of every record in one of `states`, e.g. jobs cut off by a restart."""
-        values = [s.value for s in states]
-        marks = ", ".join("?" for _ in values)
-        rows = (
+    def conversion_owner(self, scope: str, filename: str) -> str | None:
+        """The process (`host:pid`) that runs the file's conversion job, if any."""
+        row = (
             self._db()
             .execute(
-                f"SELECT scope, filename FROM uploads WHERE conversion_state IN ({marks})", values
+                "SELECT conversion_owner FROM uploads WHERE scope = ? AND filename = ?",
+                (scope, filename),
             )
-            .fetchall()
+            .fetchone()
         )
-        return [(scope, filename) for scope, filename in rows]
+        return row[0] if row else None
+
+    def find_conversions(
+        self, states: Iterable[ConversionState]
+    ) -> list[tuple[str, str, str | None]]:
+        """(scope, filename, owner) of every record in one of `states`."""
+        values = [s.value for s in states]
+        marks = ", ".join("?" for _ in values)
+        query = (
+            "SELECT scope, filename, conversion_owner FROM uploads "
+            f"WHERE conversion_state IN ({marks})"
+        )
+        return [tuple(row) for row in self._db().execute(query, values).fetchall()]
 
     def summaries(self) -> list[ThreadSummary]:
         """File count, total size and last change per thread, newest first."""

@@ -84,11 +84,17 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
         thread_id, itertools.chain([first], parts), on_conflict=on_conflict, user_id=user_id
     )
     folder = service.uploads_dir(thread_id, user_id)
+    companions = {}
+    services = get_services()
+    if services.settings.conversion.auto_convert_documents:
+        names = [saved.record.filename for saved in result.files]
+        companions = services.conversions.convert_after_upload(thread_id, names, user_id=user_id)
     files = [
         upload_info(
             saved.record,
             thread_id=thread_id,
             folder=folder,
+            companion=companions.get(saved.record.filename),
             in_upload_response=True,
             duplicate_of=saved.duplicate_of,
         )
@@ -167,6 +173,23 @@ def _refuse_range(size: int) -> Response | None:
     if size == 0:
         raise RequestedRangeNotSatisfiable(length=0)
     return None
+
+
+@bp.post("/threads/<thread_id>/uploads/<filename>/convert")
+def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+    """Convert a document to Markdown now: 200 when done in time, 202 while it runs."""
+    validate_thread_id(thread_id)
+    user_id = current_user_id()
+    status = get_services().conversions.convert(thread_id, filename, user_id=user_id)
+    if status.error is not None:
+        raise status.error
+    info = upload_info(
+        status.record,
+        thread_id=thread_id,
+        folder=get_upload_service().uploads_dir(thread_id, user_id),
+        companion=status.companion,
+    )
+    return info, 200 if status.finished else 202
 
 
 @bp.get("/threads/<thread_id>/artifacts/<path:virtual_path>")

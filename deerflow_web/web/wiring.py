@@ -8,6 +8,7 @@ from pathlib import Path
 from flask import Flask
 from flask import current_app
 
+from deerflow_web.services.conversions import ConversionJobs
 from deerflow_web.services.uploads import UploadService
 from deerflow_web.services.uploads import make_upload_service
 from deerflow_web.settings import Settings
@@ -23,6 +24,7 @@ class Services:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.uploads: UploadService = make_upload_service(settings.base_dir, settings.limits)
+        self.conversions = ConversionJobs(self.uploads, settings.conversion)
 
 
 def persistent_secret_key(base_dir: Path) -> str:
@@ -56,6 +58,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     """Attach the services and clear what a killed server left half-written."""
     services = Services(settings)
     sweep_staging_files(services.uploads.paths.iter_uploads_dirs())
+    services.conversions.fail_interrupted_jobs()
     app.extensions[EXTENSION_KEY] = services
 
 

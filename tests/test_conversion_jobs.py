@@ -1,0 +1,239 @@
+"""Conversion jobs: naming (SPEC 3.2, D8), states, waiting, restarts, and the HTTP surface."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import UploadActions
+from conftest import uploads_dir
+from documents import make_docx
+from documents import make_encrypted_pdf
+
+from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionTimedOut
+from deerflow_web.errors import NotConvertible
+from deerflow_web.models import ConversionState
+from deerflow_web.models import IncomingFile
+from deerflow_web.services.conversions import ConversionJobs
+from deerflow_web.services.uploads import make_upload_service
+from deerflow_web.settings import ConversionSettings
+
+
+def fake_converter(text_for=lambda source: f"# converted {source.name}\n"):
+    """A stand-in for the isolated converter: writes Markdown, or raises what the text says."""
+
+    def convert(source: Path, destination: Path, **_: object) -> None:
+        text = text_for(source)
+        if isinstance(text, Exception):
+            raise text
+        destination.write_text(text, encoding="utf-8")
+
+    return convert
+
+
+@pytest.fixture
+def service(base_dir: Path):
+    return make_upload_service(base_dir)
+
+
+def jobs_with(service, converter, **settings) -> ConversionJobs:
+    return ConversionJobs(
+        service, ConversionSettings(**{"wait_seconds": 5, **settings}), converter=converter
+    )
+
+
+def save(service, *files: tuple[bytes, str]) -> None:
+    service.save_uploads("T", [IncomingFile(name, io.BytesIO(body)) for body, name in files])
+
+
+def test_explicit_conversion_records_the_companion(service, base_dir: Path) -> None:
+    save(service, (b"%PDF-1.4", "report.pdf"))
+    status = jobs_with(service, fake_converter()).convert("T", "report.pdf")
+    assert status.finished and status.error is None
+    assert status.record.conversion_state is ConversionState.DONE
+    assert status.companion.filename == "report.md"
+    assert status.companion.converted_from == "report.pdf"
+    assert (uploads_dir(base_dir, "T") / "report.md").read_text() == "# converted report.pdf\n"
+
+
+def test_a_users_md_is_never_overwritten(service, base_dir: Path) -> None:
+    save(service, (b"USER_MARKDOWN", "notes.md"), (b"PK\x03\x04", "notes.docx"))
+    status = jobs_with(service, fake_converter()).convert("T", "notes.docx")
+    assert status.companion.filename == "notes_1.md"
+    assert (uploads_dir(base_dir, "T") / "notes.md").read_bytes() == b"USER_MARKDOWN"
+
+
+def test_reconversion_replaces_its_own_companion(service, base_dir: Path) -> None:
+    save(service, (b"%PDF", "a.pdf"))
+    texts = iter(["# first\n", "# second\n"])
+    jobs = jobs_with(service, fake_converter(lambda _: next(texts)))
+    jobs.convert("T", "a.pdf")
+    status = jobs.convert("T", "a.pdf")
+    assert status.companion.filename == "a.md"
+    assert (uploads_dir(base_dir, "T") / "a.md").read_text() == "# second\n"
+    assert [r.filename for r in service.list_uploads("T")] == ["a.md", "a.pdf"]
+
+
+def test_same_stem_documents_get_their_own_companions(service, base_dir: Path) -> None:
+    save(service, (b"PK", "a.docx"), (b"%PDF", "a.pdf"))
+    jobs = jobs_with(service, fake_converter())
+    companions = jobs.convert_after_upload("T", ["a.docx", "a.pdf"])
+    assert companions["a.docx"].filename == "a.md"
+    assert companions["a.pdf"].filename == "a_1.md"
+    folder = uploads_dir(base_dir, "T")
+    assert (folder / "a.md").read_text() == "# converted a.docx\n"
+    assert (folder / "a_1.md").read_text() == "# converted a.pdf\n"
+
+
+def test_delete_removes_exactly_the_recorded_companion(service, base_dir: Path) -> None:
+    save(service, (b"USER", "a.md"), (b"%PDF", "a.pdf"))
+    jobs_with(service, fake_converter()).convert("T", "a.pdf")
+    assert service.delete_upload("T", "a.pdf") == ["a.pdf", "a_1.md"]
+    assert [r.filename for r in service.list_uploads("T")] == ["a.md"]
+
+
+def test_rename_moves_the_companion_link(service) -> None:
+    save(service, (b"%PDF", "a.pdf"))
+    jobs_with(service, fake_converter()).convert("T", "a.pdf")
+    service.rename_upload("T", "a.pdf", "b.pdf")
+    assert {r.filename: r.converted_from for r in service.list_uploads("T")} == {
+        "a.md": "b.pdf",
+        "b.pdf": None,
+    }
+    assert service.delete_upload("T", "b.pdf") == ["b.pdf", "a.md"]
+
+
+def test_failure_is_recorded_and_keeps_the_original(service, base_dir: Path) -> None:
+    save(service, (b"%PDF-broken", "bad.pdf"))
+    jobs = jobs_with(service, fake_converter(lambda _: ConversionError("bad.pdf is corrupt")))
+    status = jobs.convert("T", "bad.pdf")
+    assert status.finished
+    assert str(status.error) == "bad.pdf is corrupt"
+    assert status.record.conversion_state is ConversionState.FAILED
+    assert status.record.conversion_error == "bad.pdf is corrupt"
+    assert status.companion is None
+    assert sorted(p.name for p in uploads_dir(base_dir, "T").iterdir()) == ["bad.pdf"]
+
+
+def test_slow_job_answers_queued_then_finishes(service) -> None:
+    release = threading.Event()
+
+    def slow(source: Path, destination: Path, **_: object) -> None:
+        release.wait(10)
+        destination.write_text("# late\n")
+
+    jobs = jobs_with(service, slow, wait_seconds=0.1)
+    save(service, (b"%PDF", "big.pdf"))
+    status = jobs.convert("T", "big.pdf")
+    assert not status.finished
+    assert status.record.conversion_state in (ConversionState.QUEUED, ConversionState.CONVERTING)
+    release.set()
+    deadline = time.monotonic() + 10
+    while not jobs.status("T", "big.pdf").finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert jobs.status("T", "big.pdf").companion.filename == "big.md"
+
+
+def test_not_convertible(service) -> None:
+    save(service, (b"a,b", "data.csv"))
+    with pytest.raises(NotConvertible):
+        jobs_with(service, fake_converter()).convert("T", "data.csv")
+
+
+def test_jobs_cut_off_by_a_restart_end_as_failed(service) -> None:
+    save(service, (b"%PDF", "a.pdf"), (b"%PDF", "b.pdf"))
+    scope = service.paths.scope("T")
+    service.records.set_conversion(
+        scope, "a.pdf", ConversionState.CONVERTING, None, "nonexistent-host-or-this:999999999"
+    )
+    import socket
+
+    service.records.set_conversion(
+        scope, "b.pdf", ConversionState.QUEUED, None, f"{socket.gethostname()}:999999999"
+    )
+    assert jobs_with(service, fake_converter()).fail_interrupted_jobs() == 1
+    states = {r.filename: r.conversion_state for r in service.list_uploads("T")}
+    assert states == {"a.pdf": ConversionState.CONVERTING, "b.pdf": ConversionState.FAILED}
+
+
+def test_result_of_a_file_replaced_meanwhile_is_dropped(service, base_dir: Path) -> None:
+    def replace_then_convert(source: Path, destination: Path, **_: object) -> None:
+        save(service, (b"%PDF new content", "a.pdf"))
+        destination.write_text("# stale\n")
+
+    save(service, (b"%PDF old", "a.pdf"))
+    jobs_with(service, replace_then_convert).convert("T", "a.pdf")
+    assert sorted(p.name for p in uploads_dir(base_dir, "T").iterdir()) == ["a.pdf"]
+
+
+# --- HTTP surface, with the real isolated converter on generated documents -------------------
+
+
+def test_convert_endpoint_with_a_real_docx(uploads: UploadActions, client, tmp_path: Path) -> None:
+    docx = make_docx(tmp_path / "q.docx", title="Quarterly Report")
+    uploads.upload("T", (docx.read_bytes(), "q.docx"))
+    response = client.post("/api/threads/T/uploads/q.docx/convert")
+    assert response.status_code == 200, response.get_json()
+    body = response.get_json()
+    assert body["markdown_file"] == "q.md"
+    assert body["markdown_virtual_path"] == "/mnt/user-data/uploads/q.md"
+    assert body["markdown_artifact_url"].endswith("/uploads/q.md")
+    assert body["conversion_state"] == "done"
+    listed = {f["filename"]: f for f in uploads.list("T")["files"]}
+    assert listed["q.md"]["converted_from"] == "q.docx"
+    assert listed["q.docx"]["markdown_file"] == "q.md"
+    markdown = client.get(body["markdown_artifact_url"])
+    assert "# Quarterly Report" in markdown.get_data(as_text=True)
+    markdown.close()
+
+
+def test_convert_endpoint_errors(uploads: UploadActions, client, tmp_path: Path) -> None:
+    uploads.upload(
+        "T",
+        (b"a,b\n1,2\n", "data.csv"),
+        (make_encrypted_pdf(tmp_path / "locked.pdf").read_bytes(), "locked.pdf"),
+    )
+    assert client.post("/api/threads/T/uploads/data.csv/convert").status_code == 400
+    assert client.post("/api/threads/T/uploads/nope.pdf/convert").status_code == 404
+    locked = client.post("/api/threads/T/uploads/locked.pdf/convert")
+    assert locked.status_code == 422
+    assert "password" in locked.get_json()["detail"].lower()
+    assert uploads.names("T") == ["data.csv", "locked.pdf"]
+    failed = {f["filename"]: f for f in uploads.list("T")["files"]}["locked.pdf"]
+    assert failed["conversion_state"] == "failed" and failed["conversion_error"]
+
+
+def test_timeout_answers_504(uploads: UploadActions, client, app) -> None:
+    def too_slow(source: Path, destination: Path, **_: object) -> None:
+        raise ConversionTimedOut(f"Conversion of {source.name} stopped after 1 s (time limit)")
+
+    app.extensions["deerflow_web"].conversions.converter = too_slow
+    uploads.upload("T", (b"%PDF", "slow.pdf"))
+    response = client.post("/api/threads/T/uploads/slow.pdf/convert")
+    assert response.status_code == 504
+    assert "time limit" in response.get_json()["detail"]
+
+
+def test_no_conversion_at_upload_by_default(
+    uploads: UploadActions, base_dir: Path, tmp_path: Path
+) -> None:
+    docx = make_docx(tmp_path / "r.docx")
+    entry = uploads.upload("T", (docx.read_bytes(), "r.docx")).get_json()["files"][0]
+    assert entry["markdown_file"] is None
+    assert sorted(p.name for p in uploads_dir(base_dir, "T").iterdir()) == ["r.docx"]
+
+
+def test_automatic_conversion_when_configured(make_app, base_dir: Path, tmp_path: Path) -> None:
+    client = make_app(uploads={"auto_convert_documents": True}).test_client()
+    docx = make_docx(tmp_path / "r.docx", title="Board Minutes")
+    body = UploadActions(client).upload("T", (b"USER", "r.md"), (docx.read_bytes(), "r.docx"))
+    entries = body.get_json()["files"]
+    assert entries[0]["markdown_file"] is None
+    assert entries[1]["markdown_file"] == "r_1.md"
+    assert entries[1]["markdown_path"].endswith("/uploads/r_1.md")
+    assert "Board Minutes" in (uploads_dir(base_dir, "T") / "r_1.md").read_text()
+    assert (uploads_dir(base_dir, "T") / "r.md").read_bytes() == b"USER"
