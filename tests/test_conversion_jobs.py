@@ -46,8 +46,8 @@ def jobs_with(service, converter, **settings) -> ConversionJobs:
     )
 
 
-def save(service, *files: tuple[bytes, str]) -> None:
-    service.save_uploads("T", [IncomingFile(name, io.BytesIO(body)) for body, name in files])
+def save(service, *files: tuple[bytes, str]):
+    return service.save_uploads("T", [IncomingFile(name, io.BytesIO(body)) for body, name in files])
 
 
 def test_explicit_conversion_records_the_companion(service, base_dir: Path) -> None:
@@ -79,9 +79,10 @@ def test_reconversion_replaces_its_own_companion(service, base_dir: Path) -> Non
 
 
 def test_same_stem_documents_get_their_own_companions(service, base_dir: Path) -> None:
-    save(service, (b"PK", "a.docx"), (b"%PDF", "a.pdf"))
-    jobs = jobs_with(service, fake_converter())
-    companions = jobs.convert_after_upload("T", ["a.docx", "a.pdf"])
+    result = save(service, (b"PK", "a.docx"), (b"%PDF", "a.pdf"), (b"x", "a.txt"))
+    jobs = jobs_with(service, fake_converter(), auto_convert_documents=True)
+    companions = jobs.convert_after_upload("T", result)
+    assert sorted(companions) == ["a.docx", "a.pdf"]
     assert companions["a.docx"].filename == "a.md"
     assert companions["a.pdf"].filename == "a_1.md"
     folder = uploads_dir(base_dir, "T")
@@ -136,6 +137,14 @@ def test_slow_job_answers_queued_then_finishes(service) -> None:
     while not jobs.status("T", "big.pdf").finished and time.monotonic() < deadline:
         time.sleep(0.05)
     assert jobs.status("T", "big.pdf").companion.filename == "big.md"
+
+
+def test_nothing_is_converted_at_upload_unless_configured(service) -> None:
+    result = save(service, (b"%PDF", "a.pdf"))
+    calls = []
+    jobs = jobs_with(service, lambda *args, **kwargs: calls.append(args))
+    assert jobs.convert_after_upload("T", result) == {}
+    assert calls == []
 
 
 def test_not_convertible(service) -> None:

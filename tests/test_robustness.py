@@ -19,6 +19,7 @@ import yaml
 from conftest import UploadActions
 from conftest import uploads_dir
 
+from deerflow_web.models import IncomingFile
 from deerflow_web.storage.local import StagingFile
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.paths import ThreadPaths
@@ -145,9 +146,9 @@ def start_server(base_dir: Path, port: int) -> subprocess.Popen:
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return process
+        try:  # answered by the app, not just accepted by the listening socket
+            if http(port, "GET", "/api/threads/x/uploads/limits").startswith(b"HTTP/1.1 200"):
+                return process
         except OSError:
             time.sleep(0.1)
     process.kill()
@@ -254,3 +255,31 @@ def test_allowed_origins_from_config(base_dir: Path, tmp_path: Path, make_app) -
         headers={"Origin": "http://ui.example:3000"},
     )
     assert response.status_code == 200
+
+
+def test_records_cache_sees_writes_of_other_processes(base_dir: Path) -> None:
+    from deerflow_web.services.uploads import make_upload_service
+
+    service = make_upload_service(base_dir)
+    assert service.list_uploads("T") == []
+    writer = subprocess.run(
+        [sys.executable, "-c", WRITER.replace("range(40)", "range(1)"), str(base_dir), "Z"],
+        cwd=ROOT,
+    )
+    assert writer.returncode == 0
+    [record] = service.records.all(service.paths.scope("T"))
+    assert record.record.filename == "same.txt"
+
+
+def test_records_cache_never_keeps_a_rolled_back_write(base_dir: Path) -> None:
+    from deerflow_web.services.uploads import make_upload_service
+
+    service = make_upload_service(base_dir)
+    scope = service.paths.scope("T")
+    service.save_uploads("T", [IncomingFile("a.txt", io.BytesIO(b"a"))])
+    [stored] = service.records.all(scope)
+    with pytest.raises(RuntimeError), service.records.locked(scope) as txn:
+        txn.delete("a.txt")
+        assert service.records.all(scope) == []  # this connection sees its own change
+        raise RuntimeError("roll back")
+    assert service.records.all(scope) == [stored]

@@ -16,22 +16,20 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from dataclasses import replace
 from pathlib import Path
-from pathlib import PurePosixPath
 
 from deerflow_web.errors import ConversionError
 from deerflow_web.errors import NotConvertible
-from deerflow_web.models import CONVERTIBLE_EXTENSIONS
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.conversion import convert_to_markdown
+from deerflow_web.services.uploads import UploadResult
 from deerflow_web.services.uploads import UploadService
 from deerflow_web.settings import ConversionSettings
 from deerflow_web.storage.filenames import companion_name
@@ -148,14 +146,17 @@ class ConversionJobs:
         return self.status(thread_id, filename, user_id=user_id, error=error)
 
     def convert_after_upload(
-        self, thread_id: str, filenames: Sequence[str], *, user_id: str | None = None
+        self, thread_id: str, result: UploadResult, *, user_id: str | None = None
     ) -> dict[str, UploadRecord]:
-        """Convert freshly uploaded documents in request order; return companions made in time.
+        """With `auto_convert_documents` on, convert the request's documents; return the
+        companions made within the wait, by original name (nothing when the option is off).
 
         One job converts the request's files one after the other, so companion names are
         given out in request order (`a.md` for `a.docx`, then `a_1.md` for `a.pdf`).
         """
-        names = [n for n in filenames if PurePosixPath(n).suffix.lower() in CONVERTIBLE_EXTENSIONS]
+        if not self.settings.auto_convert_documents:
+            return {}
+        names = [saved.record.filename for saved in result.files if saved.record.convertible]
         if not names:
             return {}
         future = self._start(thread_id, user_id, names)

@@ -239,8 +239,7 @@ def _record_from_disk(
 
 def _in_sync(on_disk: dict[str, FileFacts], stored: list[StoredRecord]) -> bool:
     return len(on_disk) == len(stored) and all(
-        on_disk.get(s.record.filename) == FileFacts(s.record.size, s.mtime_ns, s.inode)
-        for s in stored
+        on_disk.get(s.record.filename) == (s.record.size, s.mtime_ns, s.inode) for s in stored
     )
 
 

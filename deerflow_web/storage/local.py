@@ -15,8 +15,8 @@ import os
 import secrets
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import SNIFF_BYTES
@@ -110,9 +110,8 @@ def _is_abandoned(path: str) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class FileFacts:
-    """What a scan learns about a regular file without reading it."""
+class FileFacts(NamedTuple):
+    """What a scan learns about a regular file without reading it (a tuple: scans are hot)."""
 
     size: int
     mtime_ns: int

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -43,6 +44,8 @@ CREATE TABLE IF NOT EXISTS uploads (
 ) WITHOUT ROWID;
 """
 
+CACHED_SCOPES = 64  # threads whose records each server thread keeps in memory
+
 _COLUMNS = (
     "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
     "original_filename, converted_from, conversion_state, conversion_error"
@@ -68,6 +71,10 @@ class ThreadSummary:
     last_change: float
 
 
+_SOURCES = {source.value: source for source in RecordSource}
+_STATES = {state.value: state for state in ConversionState}
+
+
 def _to_stored(row: tuple) -> StoredRecord:
     (
         filename,
@@ -91,10 +98,10 @@ def _to_stored(row: tuple) -> StoredRecord:
             content_type=content_type,
             uploaded_at=uploaded_at,
             modified=mtime_ns / 1e9,
-            source=RecordSource(source),
+            source=_SOURCES[source],
             original_filename=original,
             converted_from=converted_from,
-            conversion_state=ConversionState(state) if state else None,
+            conversion_state=_STATES[state] if state else None,  # dict: Enum() is slow
             conversion_error=error,
         ),
         mtime_ns=mtime_ns,
@@ -202,11 +209,30 @@ class SQLiteUploadRecords:
         db = getattr(self._local, "db", None)
         if db is None:
             db = self._local.db = self._connect_new()
+            self._local.cache = OrderedDict()
         return db
 
     def all(self, scope: str) -> list[StoredRecord]:
-        """Every record of the thread, by name."""
-        return _SQLiteTransaction(self._db(), scope).all()
+        """Every record of the thread, by name; unchanged sets come from a per-thread cache.
+
+        Listing a large thread is the hot read. `PRAGMA data_version` moves whenever another
+        connection (any process) commits and `total_changes` whenever this one writes, so
+        the pair tells for certain whether the cached records are still the stored ones.
+        """
+        db = self._db()
+        if db.in_transaction:  # uncommitted rows must never be cached
+            return _SQLiteTransaction(db, scope).all()
+        version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
+        cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = self._local.cache
+        hit = cache.get(scope)
+        if hit is not None and hit[0] == version:
+            cache.move_to_end(scope)
+            return list(hit[1])
+        records = _SQLiteTransaction(db, scope).all()
+        cache[scope] = (version, records)
+        if len(cache) > CACHED_SCOPES:
+            cache.popitem(last=False)
+        return list(records)
 
     def get(self, scope: str, filename: str) -> StoredRecord | None:
         """One record, or None."""

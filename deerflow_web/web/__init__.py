@@ -9,6 +9,7 @@ from typing import Any
 from flask import Flask
 
 from deerflow_web.settings import load_settings
+from deerflow_web.web.json_provider import OrjsonProvider
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # templates/ and static/ live at the root
 
@@ -32,6 +33,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         template_folder=str(PROJECT_ROOT / "templates"),
         static_folder=str(PROJECT_ROOT / "static"),
     )
+    app.json = OrjsonProvider(app)
     app.config.update(
         SECRET_KEY=wiring.persistent_secret_key(settings.base_dir),
         MAX_FORM_MEMORY_SIZE=64 * 1024,
@@ -39,7 +41,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         MAX_CONTENT_LENGTH=settings.limits.max_total_size + 16 * 1024 * 1024,
     )
     app.config.update(overrides)
-    app.json.sort_keys = False  # keep DeerFlow's field order in responses
 
     csrf.init_app(app)
     i18n.init_app(app, PROJECT_ROOT / "translations")

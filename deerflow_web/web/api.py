@@ -7,6 +7,7 @@ from urllib.parse import quote
 
 from flask import Blueprint
 from flask import Response
+from flask import current_app
 from flask import request
 from flask import send_file
 from flask.typing import ResponseReturnValue
@@ -17,11 +18,12 @@ from werkzeug.http import parse_range_header
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import InvalidOption
 from deerflow_web.errors import MissingFilesField
+from deerflow_web.errors import TotalTooLarge
 from deerflow_web.models import OnConflict
 from deerflow_web.services.artifacts import resolve_artifact
-from deerflow_web.services.upload_info import companions_by_original
-from deerflow_web.services.upload_info import upload_info
+from deerflow_web.services.upload_info import UploadInfoFormatter
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.multipart import BoundedInput
 from deerflow_web.web.multipart import MultipartReader
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.wiring import current_user_id
@@ -67,7 +69,20 @@ def _multipart_reader() -> MultipartReader:
     boundary = options.get("boundary", "")
     if mimetype != "multipart/form-data" or not boundary:
         raise MissingFilesField()
-    return MultipartReader(request.stream, boundary.encode("latin-1"))
+    length = request.content_length
+    if length is None:  # chunked transfer encoding: Werkzeug knows how to end it
+        return MultipartReader(request.stream, boundary.encode("latin-1"))
+    limit = current_app.config.get("MAX_CONTENT_LENGTH")
+    if limit is not None and length > limit:
+        raise TotalTooLarge()  # hopeless before the first byte; the service counts the rest
+    body = BoundedInput(request.environ["wsgi.input"], length)
+    return MultipartReader(body, boundary.encode("latin-1"))
+
+
+def _formatter(thread_id: str) -> UploadInfoFormatter:
+    return UploadInfoFormatter(
+        thread_id, get_upload_service().uploads_dir(thread_id, current_user_id())
+    )
 
 
 @bp.post("/threads/<thread_id>/uploads")
@@ -78,22 +93,15 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
     parts = iter(reader)
     first = next(parts)  # form fields sent before the first file are now in reader.fields
     on_conflict = _on_conflict(request.args.get("on_conflict") or reader.fields.get("on_conflict"))
-    service = get_upload_service()
     user_id = current_user_id()
-    result = service.save_uploads(
+    result = get_upload_service().save_uploads(
         thread_id, itertools.chain([first], parts), on_conflict=on_conflict, user_id=user_id
     )
-    folder = service.uploads_dir(thread_id, user_id)
-    companions = {}
-    services = get_services()
-    if services.settings.conversion.auto_convert_documents:
-        names = [saved.record.filename for saved in result.files]
-        companions = services.conversions.convert_after_upload(thread_id, names, user_id=user_id)
+    companions = get_services().conversions.convert_after_upload(thread_id, result, user_id=user_id)
+    shape = _formatter(thread_id)
     files = [
-        upload_info(
+        shape(
             saved.record,
-            thread_id=thread_id,
-            folder=folder,
             companion=companions.get(saved.record.filename),
             in_upload_response=True,
             duplicate_of=saved.duplicate_of,
@@ -118,17 +126,8 @@ def upload_limits(thread_id: str) -> ResponseReturnValue:
 @bp.get("/threads/<thread_id>/uploads/list")
 def list_uploads(thread_id: str) -> ResponseReturnValue:
     """The thread's uploads, by name, from the records (reconciled with the folder)."""
-    service = get_upload_service()
-    user_id = current_user_id()
-    records = service.list_uploads(thread_id, user_id)
-    folder = service.uploads_dir(thread_id, user_id)
-    companions = companions_by_original(records)
-    files = [
-        upload_info(
-            record, thread_id=thread_id, folder=folder, companion=companions.get(record.filename)
-        )
-        for record in records
-    ]
+    records = get_upload_service().list_uploads(thread_id, current_user_id())
+    files = _formatter(thread_id).listing(records)
     return {"files": files, "count": len(files)}
 
 
@@ -149,12 +148,10 @@ def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
     if not isinstance(new_name, str) or not new_name:
         raise InvalidInput("Field required", ("body", "new_name"))
     on_conflict = _on_conflict(body.get("on_conflict") or OnConflict.REJECT)
-    service = get_upload_service()
-    user_id = current_user_id()
-    record = service.rename_upload(
-        thread_id, filename, new_name, on_conflict=on_conflict, user_id=user_id
+    record = get_upload_service().rename_upload(
+        thread_id, filename, new_name, on_conflict=on_conflict, user_id=current_user_id()
     )
-    info = upload_info(record, thread_id=thread_id, folder=service.uploads_dir(thread_id, user_id))
+    info = _formatter(thread_id)(record)
     return {"success": True, "message": f"Renamed {filename} to {record.filename}", "file": info}
 
 
@@ -183,12 +180,7 @@ def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
     status = get_services().conversions.convert(thread_id, filename, user_id=user_id)
     if status.error is not None:
         raise status.error
-    info = upload_info(
-        status.record,
-        thread_id=thread_id,
-        folder=get_upload_service().uploads_dir(thread_id, user_id),
-        companion=status.companion,
-    )
+    info = _formatter(thread_id)(status.record, companion=status.companion)
     return info, 200 if status.finished else 202
 
 
