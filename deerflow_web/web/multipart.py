@@ -79,14 +79,37 @@ class BodyReader:
         self._buffer = b"\r\n"
         self._position = 0
 
-    def _fill(self) -> None:
-        """Append the next chunk of the body to what is left."""
+    def _next_chunk(self) -> bytes:
         chunk = self._stream.read(READ_SIZE)
         if not chunk:
             raise MalformedUpload("The upload was cut off before the request body ended")
+        return chunk
+
+    def _fill(self) -> None:
+        """Append the next chunk of the body to what is left."""
+        chunk = self._next_chunk()
         rest = self._buffer[self._position :]
         self._buffer = rest + chunk if rest else chunk
         self._position = 0
+
+    def _cross_seam(self) -> tuple[memoryview, bool] | None:
+        """Read the next chunk when fewer bytes are left than a delimiter has.
+
+        Those bytes either begin a delimiter that the new chunk completes, or are plain data;
+        checking the seam between them decides which, without copying the new chunk onto
+        the old bytes (that copy cost as much as the delimiter search itself).
+        """
+        rest = self._buffer[self._position :]
+        chunk = self._next_chunk()
+        if len(chunk) < len(self._delimiter):  # a tiny read: just join and look again
+            self._buffer, self._position = rest + chunk, 0
+            return None
+        self._buffer, self._position = chunk, 0
+        at = (rest + chunk[: len(self._delimiter)]).find(self._delimiter)
+        if 0 <= at < len(rest):
+            self._position = at + len(self._delimiter) - len(rest)
+            return memoryview(rest)[:at], True
+        return (memoryview(rest), False) if rest else None
 
     def read_data(self) -> tuple[memoryview, bool]:
         """The next piece of the current part's data, and whether the part ends with it."""
@@ -101,7 +124,8 @@ class BodyReader:
             if safe > position:
                 self._position = safe
                 return memoryview(buffer)[position:safe], False
-            self._fill()
+            if (piece := self._cross_seam()) is not None:
+                return piece
 
     def read_until(self, marker: bytes, limit: int) -> bytes:
         """The bytes up to `marker`, which is consumed too (for part headers)."""
