@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from io import BytesIO
 from pathlib import Path
@@ -394,3 +395,30 @@ def test_limits_defaults(client) -> None:
         "max_file_size": 52428800,
         "max_total_size": 104857600,
     }
+
+
+def test_declared_length_over_the_backstop_is_refused_unread(make_app) -> None:
+    client = make_app(MAX_CONTENT_LENGTH=1000).test_client()
+    response = client.post(
+        "/api/threads/T/uploads",
+        input_stream=io.BytesIO(b"x" * 10),
+        content_length=5000,
+        content_type="multipart/form-data; boundary=XYZ",
+    )
+    assert response.status_code == 413
+    assert response.get_json() == {"detail": "Total upload size too large"}
+
+
+def test_broken_config_stops_start_up(make_app, tmp_path: Path) -> None:
+    from deerflow_web.errors import ConfigError
+
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("uploads: {max_files: [\n")
+    with pytest.raises(ConfigError, match="broken.yaml"):
+        make_app(CONFIG_PATH=str(bad))
+
+
+def test_html_pages_get_html_errors(client) -> None:
+    response = client.get("/no/such/page")
+    assert response.status_code == 404
+    assert response.mimetype == "text/html"
