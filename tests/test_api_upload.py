@@ -402,8 +402,8 @@ def test_declared_length_over_the_backstop_is_refused_unread(make_app) -> None:
     response = client.post(
         "/api/threads/T/uploads",
         input_stream=io.BytesIO(b"x" * 10),
-        content_length=5000,
         content_type="multipart/form-data; boundary=XYZ",
+        environ_overrides={"CONTENT_LENGTH": "5000"},
     )
     assert response.status_code == 413
     assert response.get_json() == {"detail": "Total upload size too large"}
