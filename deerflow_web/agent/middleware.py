@@ -1,0 +1,425 @@
+"""Agent middlewares: where the thread's folders are, and which uploads the model sees.
+
+Order in an agent: `ThreadDataMiddleware`, then `UploadsMiddleware` (SPEC 4.7). Both read
+the thread from the runtime (context, then run config), never from the model, and both
+return state updates instead of mutating the state or its messages.
+
+`UploadsMiddleware` has three modes (SPEC D11):
+
+- `"current"` (default, SPEC 4.4): announce the files of this message
+  (`additional_kwargs.files`, checked against disk) in a `<current_uploads>` block.
+- `"incremental"` (doc A's idea, hardened): announce every upload not yet shown, tracked
+  in state `shown_uploads` as name + sha256, so new content under an old name is announced
+  again; non-text content blocks are kept.
+- `"legacy"` (SPEC 4.5): doc A exactly, history parsing and `<uploaded_files>`; kept for
+  comparison with old threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from datetime import UTC
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from typing import Literal
+
+from langchain_core.messages import HumanMessage
+
+from deerflow_web.agent.langchain_adapters import AgentMiddleware
+from deerflow_web.agent.langchain_adapters import ThreadDataState
+from deerflow_web.agent.langchain_adapters import UploadsState
+from deerflow_web.agent.messages import last_human
+from deerflow_web.agent.messages import legacy_text
+from deerflow_web.agent.messages import state_messages
+from deerflow_web.agent.messages import state_value
+from deerflow_web.agent.messages import with_upload_block
+from deerflow_web.agent.runtime import context_value
+from deerflow_web.agent.runtime import thread_id_from
+from deerflow_web.agent.runtime import user_id_from
+from deerflow_web.agent.uploads_source import DirectoryUploadLister
+from deerflow_web.agent.uploads_source import UploadLister
+from deerflow_web.agent.uploads_source import list_records
+from deerflow_web.agent.uploads_source import record_to_state
+from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.models import Area
+from deerflow_web.models import UploadRecord
+from deerflow_web.services.sanitize import neutralize_untrusted_tags
+from deerflow_web.services.upload_context import CURRENT_HEADER
+from deerflow_web.services.upload_context import INCREMENTAL_HEADER
+from deerflow_web.services.upload_context import build_legacy_upload_block
+from deerflow_web.services.upload_context import build_upload_context
+from deerflow_web.services.upload_context import context_files_for
+from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import is_staging_name
+
+logger = logging.getLogger(__name__)
+
+THREAD_ID_REQUIRED = "Thread ID is required in runtime context or config.configurable"
+DEFAULT_MESSAGE_NAME = "user-input"
+UploadsMode = Literal["current", "incremental", "legacy"]
+_MODES = ("current", "incremental", "legacy")
+
+_LEGACY_BLOCK = re.compile(r"<uploaded_files>(.*?)</uploaded_files>", re.DOTALL)
+_LEGACY_ENTRY = re.compile(r"^-\s+(.+?)\s*\(")
+
+
+def _thread_paths(base_dir: str | os.PathLike[str] | None) -> ThreadPaths:
+    """Paths under the explicit base dir, else the one the web app uses (settings)."""
+    if base_dir is not None:
+        return ThreadPaths(base_dir)
+    from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
+
+    return ThreadPaths(load_settings().base_dir)
+
+
+class ThreadDataMiddleware(AgentMiddleware):
+    """Tell the run where the thread's workspace, uploads and outputs live (SPEC 4.3, D15)."""
+
+    state_schema = ThreadDataState
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        lazy_init: bool = True,
+        *,
+        paths: ThreadPaths | None = None,
+    ) -> None:
+        """Configure the middleware.
+
+        Args:
+            base_dir: Data root; None uses the app's settings (SPEC D2).
+            lazy_init: True only computes paths; False creates the folders first, for
+                tools that write before anything else would create them.
+            paths: A ready `ThreadPaths`, shared with the rest of the app (wins over base_dir).
+        """
+        super().__init__()
+        self._paths = paths if paths is not None else _thread_paths(base_dir)
+        self._lazy_init = lazy_init
+
+    def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """Return `thread_data` and the last human message stamped with run id and time.
+
+        Raises:
+            ValueError: No thread id in the context or config, or an invalid one.
+        """
+        thread_id = thread_id_from(runtime)
+        if thread_id is None:
+            raise ValueError(THREAD_ID_REQUIRED)
+        user_id = user_id_from(runtime)
+        if not self._lazy_init:
+            self._paths.ensure_thread_dirs(thread_id, user_id)
+            logger.debug("created folders of thread %s", thread_id)
+        update: dict[str, Any] = {
+            "thread_data": {
+                f"{area.value}_path": str(self._paths.area_dir(thread_id, area, user_id))
+                for area in (Area.WORKSPACE, Area.UPLOADS, Area.OUTPUTS)
+            }
+        }
+        messages = state_messages(state)
+        last = last_human(messages)
+        if last is not None:
+            kwargs = {
+                **last.additional_kwargs,
+                "run_id": context_value(runtime, "run_id"),
+                "timestamp": datetime.now(UTC).isoformat(),
+            }
+            messages[-1] = last.model_copy(
+                update={"name": last.name or DEFAULT_MESSAGE_NAME, "additional_kwargs": kwargs}
+            )
+            update["messages"] = messages
+        return update
+
+
+def _file_entry(filename: str, size: int) -> dict[str, Any]:
+    return {
+        "filename": filename,
+        "size": size,
+        "path": f"{VIRTUAL_UPLOADS_DIR}/{filename}",
+        "extension": Path(filename).suffix,
+    }
+
+
+def _int_size(raw: Any) -> int:
+    try:
+        return int(raw or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def files_from_message(message: HumanMessage, uploads_dir: Path | None) -> list[dict[str, Any]]:
+    """The valid entries of `additional_kwargs.files`, in order (SPEC 4.4 step 4).
+
+    The client's `path` is ignored: the path is rebuilt from the name, so a message cannot
+    point the model at another folder. With a known folder, only existing files count.
+    """
+    raw_files = message.additional_kwargs.get("files")
+    if not isinstance(raw_files, list):
+        return []
+    files = []
+    for entry in raw_files:
+        if not isinstance(entry, dict):
+            continue
+        filename = entry.get("filename") or ""
+        if (
+            not isinstance(filename, str)
+            or not filename
+            or filename in {".", ".."}
+            or os.path.basename(filename) != filename
+            or is_staging_name(filename)
+        ):
+            continue
+        if uploads_dir is not None and not (uploads_dir / filename).is_file():
+            continue
+        files.append(_file_entry(filename, _int_size(entry.get("size"))))
+    return files
+
+
+def _record_entry(record: UploadRecord) -> dict[str, Any]:
+    return _file_entry(record.filename, record.size)
+
+
+class UploadsMiddleware(AgentMiddleware):
+    """Announce uploads to the model in front of the person's message (SPEC 4.4, 4.5, D11)."""
+
+    state_schema = UploadsState
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        max_files_per_context_section: int = 10,
+        *,
+        mode: UploadsMode = "current",
+        upload_service: UploadLister | None = None,
+        paths: ThreadPaths | None = None,
+    ) -> None:
+        """Configure the middleware.
+
+        Args:
+            base_dir: Data root; None uses the app's settings (SPEC D2).
+            max_files_per_context_section: Files described in full before the rest are
+                summarised (at least 1).
+            mode: `"current"`, `"incremental"` or `"legacy"` (see the module docstring).
+            upload_service: Source of the thread's upload records (`list_uploads`); None
+                derives them from the uploads folder.
+            paths: A ready `ThreadPaths`, shared with the rest of the app (wins over base_dir).
+
+        Raises:
+            ValueError: A cap below 1 or an unknown mode.
+        """
+        super().__init__()
+        if max_files_per_context_section < 1:
+            raise ValueError("max_files_per_context_section must be at least 1")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        self._paths = paths if paths is not None else _thread_paths(base_dir)
+        self._max_files = max_files_per_context_section
+        self._mode = mode
+        self._lister: UploadLister = upload_service or DirectoryUploadLister(self._paths)
+
+    @property
+    def mode(self) -> str:
+        """The injection model this instance uses."""
+        return self._mode
+
+    def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """Return the state update for this turn (None only in legacy mode's no-op cases)."""
+        if self._mode == "legacy":
+            return self._legacy(state, runtime)
+        if self._mode == "incremental":
+            return self._incremental(state, runtime)
+        return self._current(state, runtime)
+
+    def _records(self, thread_id: str, user_id: str | None) -> list[UploadRecord] | None:
+        try:
+            return list_records(self._lister, thread_id, user_id)
+        except ValueError:
+            raise  # an invalid thread or user id is the caller's bug, not a storage hiccup
+        except Exception:
+            # The turn must go on when the record index is unavailable: the current mode
+            # still announces from the message, only the `uploads` key is left out.
+            logger.exception("cannot list the uploads of thread %s", thread_id)
+            return None
+
+    def _current(self, state: Any, runtime: Any) -> dict[str, Any]:
+        thread_id = thread_id_from(runtime)
+        user_id = user_id_from(runtime)
+        update: dict[str, Any] = {"uploaded_files": []}
+        uploads_dir = None
+        if thread_id is not None:
+            uploads_dir = self._paths.uploads_dir(thread_id, user_id)
+            records = self._records(thread_id, user_id)
+            if records is not None:
+                update["uploads"] = [record_to_state(record) for record in records]
+        last = last_human(state_messages(state))
+        if last is None:
+            return update
+        files = files_from_message(last, uploads_dir)
+        if not files:
+            if last.additional_kwargs.get("files"):
+                logger.info("file metadata in the message matched no upload of %s", thread_id)
+            return update
+        block = self._block(uploads_dir, files)
+        update["uploaded_files"] = files
+        update["messages"] = self._replace_last(state, with_upload_block(last, block))
+        return update
+
+    def _block(
+        self,
+        uploads_dir: Path | None,
+        entries: list[Any],
+        header: str = CURRENT_HEADER,
+    ) -> str:
+        # Outlines are read only for the files that will be described in full.
+        shown = context_files_for(uploads_dir, entries[: self._max_files])
+        omitted = context_files_for(None, entries[self._max_files :])
+        return build_upload_context([*shown, *omitted], max_files=self._max_files, header=header)
+
+    @staticmethod
+    def _replace_last(state: Any, message: HumanMessage) -> list[Any]:
+        messages = state_messages(state)
+        messages[-1] = message
+        return messages
+
+    def _incremental(self, state: Any, runtime: Any) -> dict[str, Any]:
+        thread_id = thread_id_from(runtime)
+        if thread_id is None:
+            return {"uploaded_files": []}
+        user_id = user_id_from(runtime)
+        records = self._records(thread_id, user_id)
+        if records is None:
+            return {"uploaded_files": []}
+        update: dict[str, Any] = {
+            "uploaded_files": [],
+            "uploads": [record_to_state(record) for record in records],
+        }
+        last = last_human(state_messages(state))
+        if last is None:
+            return update  # nothing was shown, so nothing is marked as shown
+        names = {record.filename for record in records}
+        companions = [r for r in records if r.converted_from and r.converted_from in names]
+        companion_names = {record.filename for record in companions}
+        shown_before = _shown_pairs(state_value(state, "shown_uploads"))
+        new = sorted(
+            (
+                record
+                for record in records
+                if record.filename not in companion_names
+                and (record.filename, record.sha256) not in shown_before
+            ),
+            key=lambda record: record.filename,
+        )
+        present = {(record.filename, record.sha256) for record in records}
+        shown_now = (shown_before & present) | {(r.filename, r.sha256) for r in new}
+        update["shown_uploads"] = [
+            {"filename": name, "sha256": digest} for name, digest in sorted(shown_now)
+        ]
+        if not new:
+            return update
+        uploads_dir = self._paths.uploads_dir(thread_id, user_id)
+        described = {record.filename for record in new[: self._max_files]}
+        entries = [
+            *new,
+            *(record for record in companions if record.converted_from in described),
+        ]
+        block = self._block(uploads_dir, entries, header=INCREMENTAL_HEADER)
+        update["uploaded_files"] = [_record_entry(record) for record in new]
+        update["messages"] = self._replace_last(state, with_upload_block(last, block))
+        return update
+
+    def _legacy(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        thread_id = thread_id_from(runtime, use_config=False)
+        if thread_id is None:
+            return None
+        messages = state_messages(state)
+        if not messages:
+            return None
+        shown = _legacy_shown_names(messages[:-1])
+        uploads_dir = self._paths.uploads_dir(thread_id, user_id_from(runtime))
+        files = [
+            _file_entry(path.name, path.stat().st_size)
+            for path in _legacy_scan(uploads_dir)
+            # The block shows names neutralised, so an escaped name also counts as shown.
+            if path.name not in shown and neutralize_untrusted_tags(path.name) not in shown
+        ]
+        if not files:
+            return None
+        last = last_human(messages)
+        if last is None:
+            return None
+        block = build_legacy_upload_block(context_files_for(None, files))
+        messages[-1] = HumanMessage(
+            content=f"{block}\n\n{legacy_text(last.content)}",
+            id=last.id,
+            additional_kwargs=last.additional_kwargs,
+        )
+        return {"uploaded_files": files, "messages": messages}
+
+
+def make_upload_middleware(
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    upload_service: UploadLister | None = None,
+    paths: ThreadPaths | None = None,
+    lazy_init: bool = True,
+    mode: UploadsMode = "current",
+    max_files_per_context_section: int = 10,
+) -> list[AgentMiddleware]:
+    """Both middlewares in SPEC 4.7's order, sharing one `ThreadPaths`."""
+    thread_paths = paths if paths is not None else _thread_paths(base_dir)
+    return [
+        ThreadDataMiddleware(lazy_init=lazy_init, paths=thread_paths),
+        UploadsMiddleware(
+            max_files_per_context_section=max_files_per_context_section,
+            mode=mode,
+            upload_service=upload_service,
+            paths=thread_paths,
+        ),
+    ]
+
+
+def _shown_pairs(raw: Any) -> set[tuple[str, str]]:
+    pairs = set()
+    for item in raw or []:
+        if isinstance(item, dict):
+            name, digest = item.get("filename"), item.get("sha256")
+            if isinstance(name, str) and isinstance(digest, str):
+                pairs.add((name, digest))
+    return pairs
+
+
+def _legacy_shown_names(history: list[Any]) -> set[str]:
+    """Names listed in the first `<uploaded_files>` block of each earlier human message."""
+    shown: set[str] = set()
+    for message in history:
+        if not isinstance(message, HumanMessage) or not isinstance(message.content, str):
+            continue
+        block = _LEGACY_BLOCK.search(message.content)
+        if block is None:
+            continue
+        for line in block.group(1).splitlines():
+            entry = _LEGACY_ENTRY.match(line.strip())
+            if entry is not None:
+                shown.add(entry.group(1).strip())
+    return shown
+
+
+def _legacy_scan(uploads_dir: Path) -> list[Path]:
+    if not uploads_dir.is_dir():
+        return []
+    return [
+        path
+        for path in sorted(uploads_dir.iterdir(), key=lambda item: item.name)
+        if path.is_file() and not is_staging_name(path.name)
+    ]
+
+
+__all__ = [
+    "THREAD_ID_REQUIRED",
+    "ThreadDataMiddleware",
+    "UploadsMiddleware",
+    "files_from_message",
+    "make_upload_middleware",
+]

@@ -1,0 +1,62 @@
+"""Read the thread and user of a run from the runtime, never from the model.
+
+Middlewares get LangGraph's `Runtime` (which has `context` but no `config`), tools get
+`ToolRuntime` (both), and tests pass a `SimpleNamespace(context=..., config=...)`. These
+helpers accept all three, and fall back to the ambient run config that LangChain keeps in a
+context variable while a graph node or tool runs (SPEC 4.3 step 1, 4.6 step 2, D15).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.runnables.config import var_child_runnable_config
+
+
+def context_value(runtime: Any, key: str) -> Any:
+    """Return `runtime.context[key]`; a None context counts as empty, objects work too."""
+    context = getattr(runtime, "context", None)
+    if context is None:
+        return None
+    if isinstance(context, Mapping):
+        return context.get(key)
+    return getattr(context, key, None)
+
+
+def _configurable(config: Any) -> Mapping[str, Any]:
+    if not isinstance(config, Mapping):
+        return {}
+    configurable = config.get("configurable")
+    return configurable if isinstance(configurable, Mapping) else {}
+
+
+def configurable_value(runtime: Any, key: str) -> Any:
+    """Return `configurable[key]` from the runtime's config, else from the ambient config."""
+    value = _configurable(getattr(runtime, "config", None)).get(key)
+    if value is None:
+        value = _configurable(var_child_runnable_config.get()).get(key)
+    return value
+
+
+def thread_id_from(runtime: Any, *, use_config: bool = True) -> str | None:
+    """The run's thread id: context first, then (unless disabled) the run config.
+
+    Args:
+        runtime: A LangGraph `Runtime`, a `ToolRuntime`, any object with `context`
+            (and optionally `config`), or None.
+        use_config: False reproduces doc A, which read the context only.
+
+    Returns:
+        The id as given (validation happens where paths are built), or None.
+    """
+    thread_id = context_value(runtime, "thread_id")
+    if thread_id is None and use_config:
+        thread_id = configurable_value(runtime, "thread_id")
+    return thread_id
+
+
+def user_id_from(runtime: Any) -> str | None:
+    """The run's user id from the context; None selects the flat layout (SPEC D1, case 90)."""
+    user_id = context_value(runtime, "user_id")
+    return user_id or None

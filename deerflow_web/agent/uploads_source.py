@@ -1,0 +1,135 @@
+"""Where the agent side gets a thread's upload records (SPEC D10).
+
+In the app, the upload service provides the records (`list_uploads`), kept consistent with
+the folder on every change. Without one (unit tests, a bare agent setup) the middleware and
+the tool fall back to `DirectoryUploadLister`, which derives the same records from the
+folder, so the agent code has one code path either way.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import mimetypes
+import os
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+from typing import Protocol
+
+from deerflow_web.models import RecordSource
+from deerflow_web.models import UploadRecord
+from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import is_staging_name
+
+logger = logging.getLogger(__name__)
+
+_HASH_CHUNK = 1024 * 1024
+_MAX_CACHED_HASHES = 10_000
+
+
+class UploadLister(Protocol):
+    """The one method of the upload service the agent side needs."""
+
+    def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
+        """Return the thread's records; companions carry `converted_from`."""
+        ...
+
+
+def list_records(lister: UploadLister, thread_id: str, user_id: str | None) -> list[UploadRecord]:
+    """Call `list_uploads`, passing the user only when there is one.
+
+    Services written for the single-user layout may not take `user_id` at all.
+    """
+    if user_id is None:
+        return list(lister.list_uploads(thread_id))
+    return list(lister.list_uploads(thread_id, user_id=user_id))
+
+
+def record_to_state(record: UploadRecord) -> dict[str, Any]:
+    """A record as a plain, JSON-serialisable dict for the agent state key `uploads`."""
+    # Enums become their values: checkpointers store plain data, and a model class in the
+    # state would tie saved threads to this code.
+    data = {
+        key: value.value if isinstance(value, enum.Enum) else value
+        for key, value in asdict(record).items()
+    }
+    data["path"] = record.virtual_path
+    data["extension"] = record.extension
+    return data
+
+
+class DirectoryUploadLister:
+    """Records derived from the uploads folder, for setups without the upload service.
+
+    Regular files only: symlinks and staging files are never listed (SPEC 1.7, 4.6 step 5).
+    `X.md` counts as the companion of another file with stem `X` (SPEC 4.6 step 6), since
+    the folder alone cannot tell who wrote it. Hashes are cached by file identity so a turn
+    does not re-read unchanged files.
+    """
+
+    def __init__(self, paths: ThreadPaths) -> None:
+        self._paths = paths
+        self._hashes: dict[tuple[str, int, int, int], str] = {}
+        self._lock = threading.Lock()
+
+    def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
+        """Return one record per regular file in the thread's uploads folder, by name."""
+        uploads_dir = self._paths.uploads_dir(thread_id, user_id)
+        if not uploads_dir.is_dir():
+            return []
+        entries = [
+            entry
+            for entry in os.scandir(uploads_dir)
+            if entry.is_file(follow_symlinks=False) and not is_staging_name(entry.name)
+        ]
+        names = {entry.name for entry in entries}
+        records = []
+        for entry in sorted(entries, key=lambda item: item.name):
+            try:
+                records.append(self._record(entry, names))
+            except OSError:
+                logger.warning("skipping unreadable upload %s", entry.path, exc_info=True)
+        return records
+
+    def _record(self, entry: os.DirEntry[str], names: set[str]) -> UploadRecord:
+        stat = entry.stat(follow_symlinks=False)
+        return UploadRecord(
+            filename=entry.name,
+            size=stat.st_size,
+            sha256=self._sha256(Path(entry.path), stat),
+            content_type=mimetypes.guess_type(entry.name)[0] or "application/octet-stream",
+            uploaded_at=stat.st_mtime,
+            modified=stat.st_mtime,
+            source=RecordSource.DISK,  # nothing but the folder vouches for it
+            converted_from=_companion_of(entry.name, names),
+        )
+
+    def _sha256(self, path: Path, stat: os.stat_result) -> str:
+        key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            cached = self._hashes.get(key)
+        if cached is not None:
+            return cached
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+        value = digest.hexdigest()
+        with self._lock:
+            if len(self._hashes) >= _MAX_CACHED_HASHES:
+                self._hashes.clear()  # a fallback cache; bounded beats clever
+            self._hashes[key] = value
+        return value
+
+
+def _companion_of(name: str, names: set[str]) -> str | None:
+    """The file whose companion `name` would be, by the stem rule; None if none."""
+    path = Path(name)
+    if path.suffix != ".md":
+        return None
+    stem = path.stem
+    originals = sorted(other for other in names if other != name and Path(other).stem == stem)
+    return originals[0] if originals else None

@@ -1,0 +1,53 @@
+"""Shared helpers for the agent-side tests (no Flask): runtimes, thread folders, messages."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from langchain_core.messages import HumanMessage
+
+
+def make_runtime(
+    context: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+) -> SimpleNamespace:
+    """A stand-in for LangGraph's Runtime / ToolRuntime with just the attributes we read."""
+    return SimpleNamespace(context=context, config=config or {}, state=state or {})
+
+
+def thread_uploads(base: Path, thread_id: str = "t1", user_id: str | None = None) -> Path:
+    """Create and return a thread's uploads folder in the flat or per-user layout."""
+    root = (
+        base / "threads" / thread_id
+        if user_id is None
+        else (base / "users" / user_id / "threads" / thread_id)
+    )
+    folder = root / "user-data" / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def write_file(path: Path, content: str | bytes = b"x", mtime: float | None = None) -> Path:
+    """Write a file (text or bytes), optionally pinning its mtime for ordering tests."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        path.write_text(content, encoding="utf-8")
+    else:
+        path.write_bytes(content)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def human_with_files(content: Any, *files: dict[str, Any], **kwargs: Any) -> HumanMessage:
+    """A human message carrying `additional_kwargs.files` the way DeerFlow's client sends it."""
+    extra = dict(kwargs.pop("additional_kwargs", {}))
+    if files:
+        extra["files"] = list(files)
+    return HumanMessage(
+        content=content, id=kwargs.pop("id", "msg-1"), additional_kwargs=extra, **kwargs
+    )
