@@ -1,0 +1,261 @@
+"""LangChain tools over the thread's files: `list_uploaded_files`, `read_file`, `glob`, `grep`.
+
+The model never chooses the thread. Each tool takes a `runtime` argument that is hidden
+from the model's schema (`InjectedToolArg`); LangChain's `ToolNode` fills it with a
+`ToolRuntime` (context, state, config) because of its name. Without one, the ambient run
+config's `configurable.thread_id` is used. Tool errors are raised as `ToolException` with
+`handle_tool_error=True`, so the model reads the message instead of the run failing.
+
+Wiring::
+
+    tools = make_file_tools(base_dir=settings.base_dir, upload_service=service)
+    agent = create_agent(model, tools=tools, middleware=make_upload_middleware(...))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Annotated
+from typing import Any
+
+from langchain_core.tools import BaseTool
+from langchain_core.tools import InjectedToolArg
+from langchain_core.tools import ToolException
+from langchain_core.tools import tool
+
+from deerflow_web.agent.file_access import UserDataFiles
+from deerflow_web.agent.messages import state_value
+from deerflow_web.agent.runtime import thread_id_from
+from deerflow_web.agent.runtime import user_id_from
+from deerflow_web.agent.upload_listing import historical_uploads
+from deerflow_web.agent.uploads_source import DirectoryUploadLister
+from deerflow_web.agent.uploads_source import UploadLister
+from deerflow_web.agent.uploads_source import list_records
+from deerflow_web.errors import DeerFlowError
+from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.services.sanitize import neutralize_untrusted_tags as neutralize
+from deerflow_web.storage.paths import ThreadPaths
+
+logger = logging.getLogger(__name__)
+
+NO_RUNTIME = "No runtime context available."
+THREAD_NOT_FOUND = "Thread not found."
+NO_UPLOADS_DIR = "No uploads directory for this thread."
+
+
+def _paths(base_dir: str | os.PathLike[str] | None, paths: ThreadPaths | None) -> ThreadPaths:
+    if paths is not None:
+        return paths
+    if base_dir is not None:
+        return ThreadPaths(base_dir)
+    from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
+
+    return ThreadPaths(load_settings().base_dir)
+
+
+def _current_run_names(runtime: Any) -> set[str]:
+    """Names in state `uploaded_files` (SPEC 4.6 step 4); unreadable state excludes nothing."""
+    try:
+        entries = state_value(getattr(runtime, "state", None), "uploaded_files") or []
+        return {entry["filename"] for entry in entries if isinstance(entry, dict)}
+    except (KeyError, TypeError):
+        logger.warning("cannot read uploaded_files from the tool state", exc_info=True)
+        return set()
+
+
+def _user_data(paths: ThreadPaths, runtime: Any) -> UserDataFiles:
+    thread_id = thread_id_from(runtime)
+    if thread_id is None:
+        raise ToolException("No thread is attached to this run, so there are no files to read.")
+    try:
+        return UserDataFiles(paths, thread_id, user_id_from(runtime))
+    except DeerFlowError as error:
+        raise ToolException(str(error)) from error
+
+
+def make_list_uploaded_files_tool(
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    upload_service: UploadLister | None = None,
+    paths: ThreadPaths | None = None,
+) -> BaseTool:
+    """Build `list_uploaded_files` (SPEC 4.6 with D12's `query` and `extensions`).
+
+    Args:
+        base_dir: Data root; None uses the app's settings.
+        upload_service: Source of upload records; None derives them from the folder.
+        paths: A ready `ThreadPaths` (wins over base_dir).
+    """
+    thread_paths = _paths(base_dir, paths)
+    lister: UploadLister = upload_service or DirectoryUploadLister(thread_paths)
+
+    @tool(parse_docstring=True)
+    def list_uploaded_files(
+        include_outline: bool | list[str] = False,
+        max_results: int = 20,
+        query: str | None = None,
+        extensions: list[str] | str | None = None,
+        runtime: Annotated[Any, InjectedToolArg] = None,
+    ) -> dict[str, Any]:
+        """List files uploaded to this conversation in earlier turns, newest first.
+
+        Files attached to the current message are already described in the upload block
+        of that message and are not listed again.
+
+        Args:
+            include_outline: True to add the heading outline (or first lines) of every
+                listed document that has a Markdown version, or a list of exact filenames
+                that should get one.
+            max_results: Maximum number of files to return, from 1 to 100.
+            query: Case-insensitive part of a filename to look for.
+            extensions: File extensions to keep, such as ["pdf", ".xlsx"].
+        """
+        thread_id = thread_id_from(runtime)
+        if runtime is None and thread_id is None:
+            return {"files": [], "message": NO_RUNTIME}
+        if thread_id is None:
+            return {"files": [], "message": THREAD_NOT_FOUND}
+        user_id = user_id_from(runtime)
+        try:
+            uploads_dir = thread_paths.uploads_dir(thread_id, user_id)
+        except DeerFlowError as error:
+            raise ToolException(str(error)) from error
+        if not uploads_dir.is_dir():
+            return {"files": [], "message": NO_UPLOADS_DIR}
+        try:
+            records = list_records(lister, thread_id, user_id)
+        except OSError:
+            logger.warning("cannot read the uploads of thread %s", thread_id, exc_info=True)
+            message = f"Failed to read uploads directory: {VIRTUAL_UPLOADS_DIR}"
+            return {"files": [], "message": message}
+        return historical_uploads(
+            records,
+            uploads_dir,
+            current_names=_current_run_names(runtime),
+            include_outline=include_outline,
+            max_results=max_results,
+            query=query,
+            extensions=extensions,
+        )
+
+    list_uploaded_files.handle_tool_error = True
+    return list_uploaded_files
+
+
+def make_read_file_tool(
+    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+) -> BaseTool:
+    """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines)."""
+    thread_paths = _paths(base_dir, paths)
+
+    @tool(parse_docstring=True)
+    def read_file(
+        path: str,
+        start_line: int | None = None,
+        end_line: int | None = None,
+        runtime: Annotated[Any, InjectedToolArg] = None,
+    ) -> str:
+        """Read a text file of this conversation, with line numbers.
+
+        Use the line numbers of a document outline to read just one section.
+        At most 2000 lines are returned per call.
+
+        Args:
+            path: Absolute virtual path, such as /mnt/user-data/uploads/report.md.
+            start_line: First line to read (1-based, inclusive); defaults to 1.
+            end_line: Last line to read (inclusive); defaults to the end, within the limit.
+        """
+        files = _user_data(thread_paths, runtime)
+        try:
+            return files.read(path, start_line, end_line)
+        except DeerFlowError as error:
+            raise ToolException(str(error)) from error
+        except OSError as error:
+            raise ToolException(f"Cannot read {neutralize(path)}: {error.strerror}") from error
+
+    read_file.handle_tool_error = True
+    return read_file
+
+
+def make_glob_tool(
+    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+) -> BaseTool:
+    """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
+    thread_paths = _paths(base_dir, paths)
+
+    @tool(parse_docstring=True)
+    def glob(
+        pattern: str,
+        path: str = VIRTUAL_PATH_PREFIX,
+        runtime: Annotated[Any, InjectedToolArg] = None,
+    ) -> dict[str, Any]:
+        """Find files by name pattern, such as '**/*.md' or '*.pdf'.
+
+        `*` matches within one folder, `**` matches any number of folders.
+
+        Args:
+            pattern: Pattern relative to `path`.
+            path: Folder to search, such as /mnt/user-data/uploads.
+        """
+        files = _user_data(thread_paths, runtime)
+        try:
+            return files.glob(pattern, path)
+        except DeerFlowError as error:
+            raise ToolException(str(error)) from error
+        except OSError as error:
+            raise ToolException(f"Cannot list {neutralize(path)}: {error.strerror}") from error
+
+    glob.handle_tool_error = True
+    return glob
+
+
+def make_grep_tool(
+    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+) -> BaseTool:
+    """Build `grep`: search the text of the thread's files with a regular expression."""
+    thread_paths = _paths(base_dir, paths)
+
+    @tool(parse_docstring=True)
+    def grep(
+        pattern: str,
+        path: str = VIRTUAL_UPLOADS_DIR,
+        glob: str | None = None,
+        max_results: int = 50,
+        runtime: Annotated[Any, InjectedToolArg] = None,
+    ) -> dict[str, Any]:
+        """Search file contents for a regular expression and return matching lines.
+
+        Args:
+            pattern: Python regular expression, such as 'revenue|income'.
+            path: File or folder to search, such as /mnt/user-data/uploads.
+            glob: Only search files whose name matches this pattern, such as '*.md'.
+            max_results: Maximum number of matching lines to return, from 1 to 200.
+        """
+        files = _user_data(thread_paths, runtime)
+        try:
+            return files.grep(pattern, path, glob, max_results)
+        except DeerFlowError as error:
+            raise ToolException(str(error)) from error
+        except OSError as error:
+            raise ToolException(f"Cannot search {neutralize(path)}: {error.strerror}") from error
+
+    grep.handle_tool_error = True
+    return grep
+
+
+def make_file_tools(
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    upload_service: UploadLister | None = None,
+    paths: ThreadPaths | None = None,
+) -> list[BaseTool]:
+    """All four tools, sharing one `ThreadPaths`."""
+    thread_paths = _paths(base_dir, paths)
+    return [
+        make_list_uploaded_files_tool(upload_service=upload_service, paths=thread_paths),
+        make_read_file_tool(paths=thread_paths),
+        make_glob_tool(paths=thread_paths),
+        make_grep_tool(paths=thread_paths),
+    ]
