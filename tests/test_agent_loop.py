@@ -254,3 +254,29 @@ def test_the_thread_may_come_from_the_config_alone(base: Path) -> None:
             "text": "revenue grew",
         }
     ]
+
+
+def test_the_same_agent_works_when_invoked_asynchronously(base: Path) -> None:
+    import asyncio
+
+    model = RecordingToolModel(
+        messages=_script(
+            AIMessage(
+                "",
+                tool_calls=[_call("glob", "g1", pattern="*.txt", path="/mnt/user-data/uploads")],
+            ),
+            AIMessage("done"),
+        )
+    )
+    agent = _agent(base, model)
+    message = human_with_files("hi", {"filename": EVIL_PDF}, id="h1")
+    asyncio.run(
+        agent.ainvoke(
+            {"messages": [message]},
+            config={"configurable": {"thread_id": "t1"}},
+            context={"thread_id": "t1"},
+        )
+    )
+    assert model.received[0][-1].content.startswith("<current_uploads>")
+    glob = json.loads(_tool_messages(model.received[1])["g1"].content)
+    assert glob["matches"] == ["/mnt/user-data/uploads/old notes.txt"]

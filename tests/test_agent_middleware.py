@@ -623,6 +623,21 @@ def test_incremental_folds_companions_into_their_original(tmp_path: Path, upload
     assert "L1: Summary" in text
 
 
+@pytest.mark.parametrize("cap", [1, 2])
+def test_incremental_companions_never_count_as_omitted(
+    tmp_path: Path, uploads: Path, cap: int
+) -> None:
+    write_file(uploads / "a.txt")
+    write_file(uploads / "report.pdf", b"%PDF")
+    write_file(uploads / "report.md", "# Summary\n")
+    write_file(uploads / "z.csv")
+    middleware = _incremental(tmp_path, max_files_per_context_section=cap)
+    text = _run(middleware, HumanMessage("q", id="m"))["messages"][-1].content
+    omitted = 3 - cap  # a.txt, report.pdf, z.csv; report.md is report.pdf's companion
+    assert f"... ({omitted} more file(s)" in text
+    assert "report.md" not in text
+
+
 def test_incremental_does_not_mark_files_shown_without_a_human_message(
     tmp_path: Path, uploads: Path
 ) -> None:

@@ -270,10 +270,14 @@ class UploadsMiddleware(AgentMiddleware):
         self,
         uploads_dir: Path | None,
         entries: list[Any],
+        *,
+        companions: list[UploadRecord] | None = None,
         header: str = CURRENT_HEADER,
     ) -> str:
+        """Render the block; `companions` only lend their outlines to described entries."""
+        described = entries[: self._max_files]
         # Outlines are read only for the files that will be described in full.
-        shown = context_files_for(uploads_dir, entries[: self._max_files])
+        shown = context_files_for(uploads_dir, [*described, *(companions or [])])
         omitted = context_files_for(None, entries[self._max_files :])
         return build_upload_context([*shown, *omitted], max_files=self._max_files, header=header)
 
@@ -320,11 +324,12 @@ class UploadsMiddleware(AgentMiddleware):
             return update
         uploads_dir = self._paths.uploads_dir(thread_id, user_id)
         described = {record.filename for record in new[: self._max_files]}
-        entries = [
-            *new,
-            *(record for record in companions if record.converted_from in described),
-        ]
-        block = self._block(uploads_dir, entries, header=INCREMENTAL_HEADER)
+        block = self._block(
+            uploads_dir,
+            new,
+            companions=[r for r in companions if r.converted_from in described],
+            header=INCREMENTAL_HEADER,
+        )
         update["uploaded_files"] = [_record_entry(record) for record in new]
         update["messages"] = self._replace_last(state, with_upload_block(last, block))
         return update
