@@ -713,3 +713,40 @@ def test_records_of_the_real_upload_service_reach_the_state(tmp_path: Path, uplo
     assert record["source"] == "upload" and type(record["source"]) is str
     assert json.loads(json.dumps(result["uploads"])) == result["uploads"]
     assert "- a.txt (0.0 KB)" in result["messages"][-1].content
+
+
+def test_current_mode_takes_the_outline_from_a_recorded_companion(tmp_path: Path) -> None:
+    """A companion named `a_1.md` (the user's `a.md` kept its name, SPEC D8) is still used."""
+    import io
+
+    from deerflow_web.models import IncomingFile
+    from deerflow_web.models import RecordSource
+    from deerflow_web.services.uploads import make_upload_service
+
+    service = make_upload_service(tmp_path)
+    service.save_uploads(
+        T,
+        [
+            IncomingFile("a.md", io.BytesIO(b"# The user's own notes\n")),
+            IncomingFile("a.pdf", io.BytesIO(b"%PDF-1.4")),
+        ],
+    )
+    folder = service.uploads_dir(T)
+    (folder / "a_1.md").write_text("# Converted Title\n## Section Two\n")
+    [companion] = [r for r in service.list_uploads(T) if r.filename == "a_1.md"]
+    scope = service.paths.scope(T)
+    with service.records.locked(scope) as txn:
+        stored = txn.get("a_1.md")
+        from dataclasses import replace
+
+        txn.put(
+            replace(
+                stored,
+                record=replace(companion, source=RecordSource.CONVERSION, converted_from="a.pdf"),
+            )
+        )
+    middleware = UploadsMiddleware(base_dir=tmp_path, upload_service=service)
+    result = _run(middleware, human_with_files("q", {"filename": "a.pdf"}))
+    content = result["messages"][-1].content
+    assert "L1: Converted Title" in content and "L2: Section Two" in content
+    assert "The user's own notes" not in content

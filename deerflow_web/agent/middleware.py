@@ -248,10 +248,12 @@ class UploadsMiddleware(AgentMiddleware):
         user_id = user_id_from(runtime)
         update: dict[str, Any] = {"uploaded_files": []}
         uploads_dir = None
+        records: list[UploadRecord] = []
         if thread_id is not None:
             uploads_dir = self._paths.uploads_dir(thread_id, user_id)
-            records = self._records(thread_id, user_id)
-            if records is not None:
+            listed = self._records(thread_id, user_id)
+            if listed is not None:  # left out, not emptied, when the records are unreadable
+                records = listed
                 update["uploads"] = [record_to_state(record) for record in records]
         last = last_human(state_messages(state))
         if last is None:
@@ -261,7 +263,10 @@ class UploadsMiddleware(AgentMiddleware):
             if last.additional_kwargs.get("files"):
                 logger.info("file metadata in the message matched no upload of %s", thread_id)
             return update
-        block = self._block(uploads_dir, files)
+        # A recorded companion (D8, `a_1.md` included) lends its outline to its original.
+        names = {entry["filename"] for entry in files}
+        companions = [r for r in records if r.converted_from in names and r.filename not in names]
+        block = self._block(uploads_dir, files, companions=companions)
         update["uploaded_files"] = files
         update["messages"] = self._replace_last(state, with_upload_block(last, block))
         return update
