@@ -10,6 +10,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
+from typing import TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +70,28 @@ def suffix_of(name: str) -> str:
     return name[dot:] if 0 < dot < len(name) - 1 else ""
 
 
-def _positive_int(uploads: Mapping[str, object], key: str, alias: str | None, default: int) -> int:
-    raw = uploads.get(key)
+Number = TypeVar("Number", int, float)
+
+
+def positive_setting(
+    section: Mapping[str, object], key: str, default: Number, *, alias: str | None = None
+) -> Number:
+    """`section[key]` (else `section[alias]`) as a positive number of `default`'s type.
+
+    `"15"` is accepted; anything not positive, or not a number, falls back to the default
+    with a warning instead of stopping the server (SPEC 1.8).
+    """
+    raw = section.get(key)
     if raw is None and alias is not None:
-        raw = uploads.get(alias)
+        raw = section.get(alias)
     if raw is None:
         return default
     try:
-        value = int(raw)  # type: ignore[call-overload]
+        value = type(default)(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        value = 0
+        value = type(default)(0)
     if isinstance(raw, bool) or value <= 0:
-        logger.warning("uploads.%s=%r is not a positive integer; using %d", key, raw, default)
+        logger.warning("uploads.%s=%r is not a positive number; using %s", key, raw, default)
         return default
     return value
 
@@ -97,11 +108,11 @@ class UploadLimits:
     def from_mapping(cls, uploads: Mapping[str, object]) -> UploadLimits:
         """Read `uploads.*` from config; bad values fall back to defaults with a warning."""
         return cls(
-            max_files=_positive_int(uploads, "max_files", "max_file_count", cls.max_files),
-            max_file_size=_positive_int(
-                uploads, "max_file_size", "max_single_file_size", cls.max_file_size
+            max_files=positive_setting(uploads, "max_files", cls.max_files, alias="max_file_count"),
+            max_file_size=positive_setting(
+                uploads, "max_file_size", cls.max_file_size, alias="max_single_file_size"
             ),
-            max_total_size=_positive_int(uploads, "max_total_size", None, cls.max_total_size),
+            max_total_size=positive_setting(uploads, "max_total_size", cls.max_total_size),
         )
 
     def as_dict(self) -> dict[str, int]:

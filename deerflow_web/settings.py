@@ -18,6 +18,7 @@ import yaml
 
 from deerflow_web.errors import ConfigError
 from deerflow_web.models import UploadLimits
+from deerflow_web.models import positive_setting
 from deerflow_web.storage.paths import resolve_base_dir
 
 logger = logging.getLogger(__name__)
@@ -56,20 +57,6 @@ def parse_bool(value: object) -> bool:
     return bool(value)
 
 
-def _positive_number(section: Mapping[str, Any], key: str, default: float) -> float:
-    raw = section.get(key)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = 0.0
-    if isinstance(raw, bool) or value <= 0:
-        logger.warning("%s=%r is not a positive number; using %s", key, raw, default)
-        return default
-    return value
-
-
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     value = config.get(name)
     if value is None:
@@ -92,14 +79,14 @@ def conversion_from_mapping(uploads: Mapping[str, Any]) -> ConversionSettings:
     return ConversionSettings(
         auto_convert_documents=parse_bool(uploads.get("auto_convert_documents", False)),
         pdf_converter=converter,
-        timeout_seconds=_positive_number(
+        timeout_seconds=positive_setting(
             uploads, "conversion_timeout_seconds", defaults.timeout_seconds
         ),
-        memory_limit_mb=int(
-            _positive_number(uploads, "conversion_memory_limit_mb", defaults.memory_limit_mb)
+        memory_limit_mb=positive_setting(
+            uploads, "conversion_memory_limit_mb", defaults.memory_limit_mb
         ),
-        wait_seconds=_positive_number(uploads, "conversion_wait_seconds", defaults.wait_seconds),
-        workers=int(_positive_number(uploads, "conversion_workers", defaults.workers)),
+        wait_seconds=positive_setting(uploads, "conversion_wait_seconds", defaults.wait_seconds),
+        workers=positive_setting(uploads, "conversion_workers", defaults.workers),
     )
 
 
