@@ -190,3 +190,10 @@ def test_other_threads_are_unreachable(uploads: UploadActions, client) -> None:
         client, "/api/threads/B/artifacts/mnt/user-data/../../A/user-data/uploads/secret.txt"
     )
     assert response.status_code in (403, 404) and b"private" not in body
+
+
+def test_half_written_uploads_are_never_served(client, base_dir: Path) -> None:
+    put(base_dir, "uploads/.upload-0123abcd.part", b"half of a file")
+    response, body = get(client, f"{URL}/uploads/.upload-0123abcd.part")
+    assert response.status_code == 404
+    assert b"half of a file" not in body

@@ -14,6 +14,7 @@ from urllib.parse import quote
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import NotAFile
 from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import is_staging_name
 
 ACTIVE_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml", "image/svg+xml"})
 ACTIVE_SUFFIXES = frozenset({".html", ".htm", ".xhtml", ".xht", ".svg", ".svgz", ".shtml"})
@@ -71,7 +72,7 @@ def resolve_artifact(
     """
     actual = paths.resolve_virtual_path(thread_id, virtual_path, user_id)
     shown = virtual_path.lstrip("/")
-    if not actual.exists():
+    if not actual.exists() or is_staging_name(actual.name):  # half-written: never served
         raise ArtifactNotFound(shown)
     if not actual.is_file():
         raise NotAFile(shown)
