@@ -15,6 +15,8 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
 
+from deerflow_web.services.upload_turn import compose_text
+
 logger = logging.getLogger(__name__)
 
 ORIGINAL_CONTENT_KEY = "original_user_content"
@@ -61,9 +63,9 @@ def content_text(content: Any) -> str:
 def prepend_block(content: Any, block: str) -> Any:
     """Put `block` before the content; every original list element is kept, images too."""
     if isinstance(content, str):
-        return f"{block}\n\n{content}"
+        return compose_text(block, content)
     if isinstance(content, list):
-        return [{"type": "text", "text": f"{block}\n\n"}, *content]
+        return [{"type": "text", "text": compose_text(block, "")}, *content]
     return content
 
 

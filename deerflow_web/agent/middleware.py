@@ -4,6 +4,10 @@ Order in an agent: `ThreadDataMiddleware`, then `UploadsMiddleware` (SPEC 4.7). 
 the thread from the runtime (context, then run config), never from the model, and both
 return state updates instead of mutating the state or its messages.
 
+What `UploadsMiddleware` announces is decided in `services/upload_turn.py`, which the chat
+preview page calls too; this module only extracts the inputs from the runtime and state
+and rewrites the LangChain message.
+
 `UploadsMiddleware` has three modes (SPEC D11):
 
 - `"current"` (default, SPEC 4.4): announce the files of this message
@@ -42,16 +46,17 @@ from deerflow_web.agent.runtime import user_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
-from deerflow_web.agent.uploads_source import record_to_state
-from deerflow_web.models import VIRTUAL_UPLOADS_DIR
 from deerflow_web.models import Area
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.sanitize import neutralize_untrusted_tags
-from deerflow_web.services.upload_context import CURRENT_HEADER
-from deerflow_web.services.upload_context import INCREMENTAL_HEADER
 from deerflow_web.services.upload_context import build_legacy_upload_block
-from deerflow_web.services.upload_context import build_upload_context
 from deerflow_web.services.upload_context import context_files_for
+from deerflow_web.services.upload_turn import compose_text
+from deerflow_web.services.upload_turn import current_turn
+from deerflow_web.services.upload_turn import file_entry
+from deerflow_web.services.upload_turn import incremental_turn
+from deerflow_web.services.upload_turn import message_files
+from deerflow_web.services.upload_turn import record_to_state
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 
@@ -133,52 +138,9 @@ class ThreadDataMiddleware(AgentMiddleware):
         return update
 
 
-def _file_entry(filename: str, size: int) -> dict[str, Any]:
-    return {
-        "filename": filename,
-        "size": size,
-        "path": f"{VIRTUAL_UPLOADS_DIR}/{filename}",
-        "extension": Path(filename).suffix,
-    }
-
-
-def _int_size(raw: Any) -> int:
-    try:
-        return int(raw or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def files_from_message(message: HumanMessage, uploads_dir: Path | None) -> list[dict[str, Any]]:
-    """The valid entries of `additional_kwargs.files`, in order (SPEC 4.4 step 4).
-
-    The client's `path` is ignored: the path is rebuilt from the name, so a message cannot
-    point the model at another folder. With a known folder, only existing files count.
-    """
-    raw_files = message.additional_kwargs.get("files")
-    if not isinstance(raw_files, list):
-        return []
-    files = []
-    for entry in raw_files:
-        if not isinstance(entry, dict):
-            continue
-        filename = entry.get("filename") or ""
-        if (
-            not isinstance(filename, str)
-            or not filename
-            or filename in {".", ".."}
-            or os.path.basename(filename) != filename
-            or is_staging_name(filename)
-        ):
-            continue
-        if uploads_dir is not None and not (uploads_dir / filename).is_file():
-            continue
-        files.append(_file_entry(filename, _int_size(entry.get("size"))))
-    return files
-
-
-def _record_entry(record: UploadRecord) -> dict[str, Any]:
-    return _file_entry(record.filename, record.size)
+    """The valid entries of the message's `additional_kwargs.files` (SPEC 4.4 step 4)."""
+    return message_files(message.additional_kwargs.get("files"), uploads_dir)
 
 
 class UploadsMiddleware(AgentMiddleware):
@@ -246,45 +208,21 @@ class UploadsMiddleware(AgentMiddleware):
     def _current(self, state: Any, runtime: Any) -> dict[str, Any]:
         thread_id = thread_id_from(runtime)
         user_id = user_id_from(runtime)
-        update: dict[str, Any] = {"uploaded_files": []}
         uploads_dir = None
-        records: list[UploadRecord] = []
+        records = None
         if thread_id is not None:
             uploads_dir = self._paths.uploads_dir(thread_id, user_id)
-            listed = self._records(thread_id, user_id)
-            if listed is not None:  # left out, not emptied, when the records are unreadable
-                records = listed
-                update["uploads"] = [record_to_state(record) for record in records]
+            records = self._records(thread_id, user_id)
         last = last_human(state_messages(state))
-        if last is None:
-            return update
-        files = files_from_message(last, uploads_dir)
-        if not files:
-            if last.additional_kwargs.get("files"):
+        raw_files = last.additional_kwargs.get("files") if last is not None else None
+        turn = current_turn(raw_files, records, uploads_dir, max_files=self._max_files)
+        update = turn.state_update()
+        if last is None or turn.block is None:
+            if raw_files:
                 logger.info("file metadata in the message matched no upload of %s", thread_id)
             return update
-        # A recorded companion (D8, `a_1.md` included) lends its outline to its original.
-        names = {entry["filename"] for entry in files}
-        companions = [r for r in records if r.converted_from in names and r.filename not in names]
-        block = self._block(uploads_dir, files, companions=companions)
-        update["uploaded_files"] = files
-        update["messages"] = self._replace_last(state, with_upload_block(last, block))
+        update["messages"] = self._replace_last(state, with_upload_block(last, turn.block))
         return update
-
-    def _block(
-        self,
-        uploads_dir: Path | None,
-        entries: list[Any],
-        *,
-        companions: list[UploadRecord] | None = None,
-        header: str = CURRENT_HEADER,
-    ) -> str:
-        """Render the block; `companions` only lend their outlines to described entries."""
-        described = entries[: self._max_files]
-        # Outlines are read only for the files that will be described in full.
-        shown = context_files_for(uploads_dir, [*described, *(companions or [])])
-        omitted = context_files_for(None, entries[self._max_files :])
-        return build_upload_context([*shown, *omitted], max_files=self._max_files, header=header)
 
     @staticmethod
     def _replace_last(state: Any, message: HumanMessage) -> list[Any]:
@@ -300,43 +238,18 @@ class UploadsMiddleware(AgentMiddleware):
         records = self._records(thread_id, user_id)
         if records is None:
             return {"uploaded_files": []}
-        update: dict[str, Any] = {
-            "uploaded_files": [],
-            "uploads": [record_to_state(record) for record in records],
-        }
         last = last_human(state_messages(state))
-        if last is None:
-            return update  # nothing was shown, so nothing is marked as shown
-        names = {record.filename for record in records}
-        companions = [r for r in records if r.converted_from and r.converted_from in names]
-        companion_names = {record.filename for record in companions}
-        shown_before = _shown_pairs(state_value(state, "shown_uploads"))
-        new = sorted(
-            (
-                record
-                for record in records
-                if record.filename not in companion_names
-                and (record.filename, record.sha256) not in shown_before
-            ),
-            key=lambda record: record.filename,
+        if last is None:  # nothing was shown, so nothing is marked as shown
+            return {"uploaded_files": [], "uploads": [record_to_state(r) for r in records]}
+        turn = incremental_turn(
+            records,
+            state_value(state, "shown_uploads"),
+            self._paths.uploads_dir(thread_id, user_id),
+            max_files=self._max_files,
         )
-        present = {(record.filename, record.sha256) for record in records}
-        shown_now = (shown_before & present) | {(r.filename, r.sha256) for r in new}
-        update["shown_uploads"] = [
-            {"filename": name, "sha256": digest} for name, digest in sorted(shown_now)
-        ]
-        if not new:
-            return update
-        uploads_dir = self._paths.uploads_dir(thread_id, user_id)
-        described = {record.filename for record in new[: self._max_files]}
-        block = self._block(
-            uploads_dir,
-            new,
-            companions=[r for r in companions if r.converted_from in described],
-            header=INCREMENTAL_HEADER,
-        )
-        update["uploaded_files"] = [_record_entry(record) for record in new]
-        update["messages"] = self._replace_last(state, with_upload_block(last, block))
+        update = turn.state_update()
+        if turn.block is not None:
+            update["messages"] = self._replace_last(state, with_upload_block(last, turn.block))
         return update
 
     def _legacy(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -349,7 +262,7 @@ class UploadsMiddleware(AgentMiddleware):
         shown = _legacy_shown_names(messages[:-1])
         uploads_dir = self._paths.uploads_dir(thread_id, user_id_from(runtime))
         files = [
-            _file_entry(path.name, path.stat().st_size)
+            file_entry(path.name, path.stat().st_size)
             for path in _legacy_scan(uploads_dir)
             # The block shows names neutralised, so an escaped name also counts as shown.
             if path.name not in shown and neutralize_untrusted_tags(path.name) not in shown
@@ -361,7 +274,7 @@ class UploadsMiddleware(AgentMiddleware):
             return None
         block = build_legacy_upload_block(context_files_for(None, files))
         messages[-1] = HumanMessage(
-            content=f"{block}\n\n{legacy_text(last.content)}",
+            content=compose_text(block, legacy_text(last.content)),
             id=last.id,
             additional_kwargs=last.additional_kwargs,
         )
@@ -388,16 +301,6 @@ def make_upload_middleware(
             paths=thread_paths,
         ),
     ]
-
-
-def _shown_pairs(raw: Any) -> set[tuple[str, str]]:
-    pairs = set()
-    for item in raw or []:
-        if isinstance(item, dict):
-            name, digest = item.get("filename"), item.get("sha256")
-            if isinstance(name, str) and isinstance(digest, str):
-                pairs.add((name, digest))
-    return pairs
 
 
 def _legacy_shown_names(history: list[Any]) -> set[str]:

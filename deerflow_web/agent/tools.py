@@ -28,7 +28,6 @@ from deerflow_web.agent.file_access import UserDataFiles
 from deerflow_web.agent.messages import state_value
 from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.runtime import user_id_from
-from deerflow_web.agent.upload_listing import historical_uploads
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
@@ -36,13 +35,13 @@ from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
 from deerflow_web.services.sanitize import neutralize_untrusted_tags as neutralize
+from deerflow_web.services.upload_listing import list_uploaded_files_result
 from deerflow_web.storage.paths import ThreadPaths
 
 logger = logging.getLogger(__name__)
 
 NO_RUNTIME = "No runtime context available."
 THREAD_NOT_FOUND = "Thread not found."
-NO_UPLOADS_DIR = "No uploads directory for this thread."
 
 
 def _paths(base_dir: str | os.PathLike[str] | None, paths: ThreadPaths | None) -> ThreadPaths:
@@ -122,17 +121,9 @@ def make_list_uploaded_files_tool(
             uploads_dir = thread_paths.uploads_dir(thread_id, user_id)
         except DeerFlowError as error:
             raise ToolException(str(error)) from error
-        if not uploads_dir.is_dir():
-            return {"files": [], "message": NO_UPLOADS_DIR}
-        try:
-            records = list_records(lister, thread_id, user_id)
-        except OSError:
-            logger.warning("cannot read the uploads of thread %s", thread_id, exc_info=True)
-            message = f"Failed to read uploads directory: {VIRTUAL_UPLOADS_DIR}"
-            return {"files": [], "message": message}
-        return historical_uploads(
-            records,
+        return list_uploaded_files_result(
             uploads_dir,
+            lambda: list_records(lister, thread_id, user_id),
             current_names=_current_run_names(runtime),
             include_outline=include_outline,
             max_results=max_results,

@@ -8,15 +8,12 @@ folder, so the agent code has one code path either way.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import logging
 import mimetypes
 import os
 import threading
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 from typing import Protocol
 
 from deerflow_web.models import RecordSource
@@ -46,19 +43,6 @@ def list_records(lister: UploadLister, thread_id: str, user_id: str | None) -> l
     if user_id is None:
         return list(lister.list_uploads(thread_id))
     return list(lister.list_uploads(thread_id, user_id=user_id))
-
-
-def record_to_state(record: UploadRecord) -> dict[str, Any]:
-    """A record as a plain, JSON-serialisable dict for the agent state key `uploads`."""
-    # Enums become their values: checkpointers store plain data, and a model class in the
-    # state would tie saved threads to this code.
-    data = {
-        key: value.value if isinstance(value, enum.Enum) else value
-        for key, value in asdict(record).items()
-    }
-    data["path"] = record.virtual_path
-    data["extension"] = record.extension
-    return data
 
 
 class DirectoryUploadLister:

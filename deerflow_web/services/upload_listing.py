@@ -1,13 +1,17 @@
 """The result of `list_uploaded_files` (SPEC 4.6 with D12), from upload records.
 
-Pure apart from reading Markdown companions for outlines: the tool wrapper finds the
-thread, the records and the current run's names, and this module decides what the model
-sees. Every string in the result is neutralised, so the serialised JSON never carries a
-raw blocked tag or boundary marker (SPEC 4.6 step 12).
+Pure apart from reading the uploads folder (does it exist, Markdown companions for
+outlines): the LangChain tool finds the thread, the records and the current run's names,
+and this module decides what the model sees. The chat preview page calls the same
+`list_uploaded_files_result`, so it shows exactly what the tool would return. Every string
+in the result is neutralised, so the serialised JSON never carries a raw blocked tag or
+boundary marker (SPEC 4.6 step 12).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from collections.abc import Collection
 from collections.abc import Iterable
 from collections.abc import Sequence
@@ -15,15 +19,20 @@ from pathlib import Path
 from pathlib import PurePosixPath
 from typing import Any
 
+from deerflow_web.models import VIRTUAL_UPLOADS_DIR
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.outline import outline_for_file
 from deerflow_web.services.sanitize import neutralize_untrusted_tags as neutralize
 from deerflow_web.services.upload_context import format_omitted_summary
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_MAX_RESULTS = 20
 MAX_RESULTS_CAP = 100
 NO_HISTORY = "No historical uploaded files in this thread."
 NO_FILTER_MATCH = "No uploaded files matched the given filters."
+NO_UPLOADS_DIR = "No uploads directory for this thread."
+READ_FAILED = f"Failed to read uploads directory: {VIRTUAL_UPLOADS_DIR}"
 
 
 def clamp_max_results(value: int) -> int:
@@ -153,3 +162,49 @@ def historical_uploads(
         result["truncated"] = True
         result["omitted_summary"] = format_omitted_summary(record.filename for record in omitted)
     return result
+
+
+def list_uploaded_files_result(
+    uploads_dir: Path,
+    load_records: Callable[[], Sequence[UploadRecord]],
+    *,
+    current_names: Collection[str] = (),
+    include_outline: bool | Collection[str] = False,
+    max_results: int = DEFAULT_MAX_RESULTS,
+    query: str | None = None,
+    extensions: Iterable[Any] | str | None = None,
+) -> dict[str, Any]:
+    """What `list_uploaded_files` returns for a thread whose folder and records are known.
+
+    The tool and the chat preview both call this, so the missing-folder and unreadable-folder
+    answers (SPEC 4.6 steps 3 and 7) are the same on both sides, not only the listing.
+
+    Args:
+        uploads_dir: The thread's uploads folder on the host.
+        load_records: Reads the thread's records; called only when the folder exists, and
+            an `OSError` from it becomes the "failed to read" answer instead of an error.
+        current_names: This run's files (state `uploaded_files`).
+        include_outline: As `historical_uploads`.
+        max_results: As `historical_uploads`.
+        query: As `historical_uploads`.
+        extensions: As `historical_uploads`.
+
+    Returns:
+        The tool's result dict.
+    """
+    if not uploads_dir.is_dir():
+        return {"files": [], "message": NO_UPLOADS_DIR}
+    try:
+        records = load_records()
+    except OSError:
+        logger.warning("cannot read the uploads in %s", uploads_dir, exc_info=True)
+        return {"files": [], "message": READ_FAILED}
+    return historical_uploads(
+        records,
+        uploads_dir,
+        current_names=current_names,
+        include_outline=include_outline,
+        max_results=max_results,
+        query=query,
+        extensions=extensions,
+    )
