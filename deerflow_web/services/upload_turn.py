@@ -123,6 +123,12 @@ def message_files(raw_files: Any, uploads_dir: Path | None) -> list[dict[str, An
     return files
 
 
+def _name(entry: Mapping[str, Any] | UploadRecord) -> str:
+    if isinstance(entry, Mapping):
+        return str(entry.get("filename", ""))
+    return entry.filename
+
+
 def upload_block(
     uploads_dir: Path | None,
     entries: Sequence[Mapping[str, Any] | UploadRecord],
@@ -134,9 +140,13 @@ def upload_block(
     """Render the block for `entries`; companions only lend outlines to described entries.
 
     Outlines are read only for the first `max_files` entries (the ones described in full).
+    A companion of an omitted entry is dropped: otherwise nothing would fold it into its
+    original, and it would take an entry's place or count as one more omitted file.
     """
     described = entries[:max_files]
-    shown = context_files_for(uploads_dir, [*described, *companions])
+    described_names = {_name(entry) for entry in described}
+    lenders = [c for c in companions if c.converted_from in described_names]
+    shown = context_files_for(uploads_dir, [*described, *lenders])
     omitted = context_files_for(None, entries[max_files:])
     return build_upload_context([*shown, *omitted], max_files=max_files, header=header)
 
@@ -222,13 +232,8 @@ def incremental_turn(
     uploads = [record_to_state(record) for record in records]
     if not new:
         return UploadTurn(None, [], uploads, shown_state)
-    described = {record.filename for record in new[:max_files]}
     block = upload_block(
-        uploads_dir,
-        new,
-        max_files=max_files,
-        companions=[r for r in companions if r.converted_from in described],
-        header=INCREMENTAL_HEADER,
+        uploads_dir, new, max_files=max_files, companions=companions, header=INCREMENTAL_HEADER
     )
     entries = [file_entry(record.filename, record.size) for record in new]
     return UploadTurn(block, entries, uploads, shown_state)
