@@ -539,3 +539,28 @@ def test_flash_messages_are_translated(client: FlaskClient, uploads: UploadActio
 
 def test_unknown_language_is_404(client: FlaskClient) -> None:
     assert client.get("/language/fr").status_code == 404
+
+
+def set_conversion(app: Flask, thread_id: str, name: str, state, error=None) -> None:
+    """Put a conversion state on a record, as the conversion jobs do."""
+    service = service_of(app)
+    with service.records.locked(service.paths.scope(thread_id)) as txn:
+        stored = txn.get(name)
+        assert stored is not None
+        record = replace(stored.record, conversion_state=state, conversion_error=error)
+        txn.put(StoredRecord(record, stored.mtime_ns, stored.inode))
+
+
+def test_conversion_state_is_shown_and_pending_pages_poll(app: Flask, client: FlaskClient):
+    from deerflow_web.models import ConversionState
+
+    seed(app, "t1", {"a.docx": b"PK\x03\x04", "b.pdf": b"%PDF-1.4"})
+    set_conversion(app, "t1", "a.docx", ConversionState.CONVERTING)
+    set_conversion(app, "t1", "b.pdf", ConversionState.FAILED, "The PDF is encrypted")
+    html = text(client.get("/threads/t1"))
+    assert 'data-pending="true"' in html
+    assert "Converting…" in html
+    assert "Conversion failed" in html and "The PDF is encrypted" in html
+    # A running conversion offers no second Convert button; a failed one may be retried.
+    assert html.count('data-action="convert"') == 1
+    assert 'data-url="/api/threads/t1/uploads/b.pdf/convert"' in html

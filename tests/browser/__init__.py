@@ -1,0 +1,1 @@
+"""Tests that drive a real headless Chromium (marked `browser`)."""

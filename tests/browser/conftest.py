@@ -1,0 +1,167 @@
+"""A live app on 127.0.0.1 and Debian's headless Chromium driven by Playwright.
+
+Playwright never downloads a browser here: it drives `/usr/bin/chromium` (`make browser`
+installs it). Every test gets a fresh data dir and server, and a browser page that records
+console errors and dialogs; a page that logged an error fails its test. Screenshots go
+to the run's temporary folder and their paths are listed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser
+from playwright.sync_api import BrowserContext
+from playwright.sync_api import ConsoleMessage
+from playwright.sync_api import Dialog
+from playwright.sync_api import Playwright
+from playwright.sync_api import sync_playwright
+from werkzeug.serving import make_server
+
+from tests.browser.helpers import SCREENSHOTS
+from tests.browser.helpers import LiveServer
+from tests.browser.helpers import Watched
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything in this folder drives a real browser."""
+    for item in items:
+        if "tests/browser/" in item.nodeid:
+            item.add_marker(pytest.mark.browser)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """List the screenshots this run saved, so a person can look at them."""
+    if SCREENSHOTS:
+        terminalreporter.section("browser screenshots")
+        for title, path in SCREENSHOTS:
+            terminalreporter.write_line(f"{title}: {path}")
+
+
+@pytest.fixture(scope="package")
+def playwright_instance() -> Iterator[Playwright]:
+    """One Playwright driver for the browser tests only.
+
+    The sync API runs an asyncio loop on the main thread while it lives; scoping it to
+    this package ends that loop before other tests (which may call `asyncio.run`) run.
+    """
+    if not CHROMIUM.exists():
+        pytest.fail(
+            "Chromium is missing: run `make browser` (apt-get install chromium), "
+            "or deselect these tests with -m 'not browser'",
+            pytrace=False,
+        )
+    with sync_playwright() as playwright:
+        yield playwright
+
+
+@pytest.fixture(scope="package")
+def browser(playwright_instance: Playwright) -> Iterator[Browser]:
+    """Debian's Chromium, headless; Playwright never downloads a browser here."""
+    browser = playwright_instance.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="session")
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this run's screenshots go."""
+    return tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.fixture
+def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
+    """Start the app (CSRF on, as in production) on a free loopback port."""
+    servers = []
+
+    def start(uploads: dict[str, Any] | None = None) -> LiveServer:
+        app = make_app(uploads=uploads, WTF_CSRF_ENABLED=True, TESTING=False)
+        server = make_server("127.0.0.1", 0, app, threaded=True)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return LiveServer(app, f"http://127.0.0.1:{server.server_port}")
+
+    yield start
+    for server, thread in servers:
+        server.shutdown()
+        thread.join(timeout=5)
+        server.server_close()
+
+
+@pytest.fixture
+def live(start_server: Callable[..., LiveServer]) -> LiveServer:
+    """The app with default limits."""
+    return start_server()
+
+
+def _watch(context: BrowserContext, screenshot_dir: Path) -> Watched:
+    page = context.new_page()
+    watched = Watched(page, context, screenshot_dir=screenshot_dir)
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            watched.console_errors.append(f"{page.url}: {message.text}")
+
+    def on_dialog(dialog: Dialog) -> None:
+        watched.dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: watched.console_errors.append(f"{page.url}: {error}"))
+    page.on("dialog", on_dialog)
+    page.on(
+        "request",
+        lambda request: watched.posts.append(request.url) if request.method == "POST" else None,
+    )
+    return watched
+
+
+def _check(watched: Watched) -> None:
+    errors = [
+        error
+        for error in watched.console_errors
+        if not any(allowed in error for allowed in watched.allowed_errors)
+    ]
+    assert errors == [], "console errors"
+    assert watched.dialogs == [], "no alert/confirm/prompt may ever fire"
+
+
+@pytest.fixture
+def open_page(browser: Browser, screenshot_dir: Path) -> Iterator[Callable[..., Watched]]:
+    """Open watched pages; each must end with no console error and no native dialog."""
+    opened: list[Watched] = []
+
+    def factory(*, javascript: bool = True, width: int = 1280, language: str = "en-US") -> Watched:
+        context = browser.new_context(
+            viewport={"width": width, "height": 900},
+            java_script_enabled=javascript,
+            accept_downloads=False,
+            locale=language,
+            extra_http_headers={"Accept-Language": language},
+        )
+        context.set_default_timeout(10_000)
+        watched = _watch(context, screenshot_dir)
+        opened.append(watched)
+        return watched
+
+    yield factory
+    try:
+        for watched in opened:
+            _check(watched)
+    finally:
+        for watched in opened:
+            watched.context.close()
+
+
+@pytest.fixture
+def page(open_page: Callable[..., Watched]) -> Watched:
+    """A watched page with JavaScript on, at desktop width, in English."""
+    return open_page()
