@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -261,3 +262,32 @@ def test_page_polls_while_a_conversion_runs(page: Watched, live: LiveServer) -> 
     expect(page.page.locator("tr.file-row.companion")).to_contain_text("Markdown of deck.pptx")
     expect(original).to_contain_text("Converted")
     expect(page.page.locator("tbody.file-group")).to_have_count(1)
+
+
+def test_convert_button_shows_the_companion_or_the_error(
+    page: Watched, live: LiveServer, tmp_path: Path
+) -> None:
+    from tests.documents import make_corrupt_pdf
+    from tests.documents import make_docx
+
+    live.seed(
+        THREAD,
+        {
+            "report.docx": make_docx(tmp_path / "r.docx").read_bytes(),
+            "broken.pdf": make_corrupt_pdf(tmp_path / "b.pdf").read_bytes(),
+        },
+    )
+    page.page.goto(f"{live.url}/threads/{THREAD}")
+    page.page.get_by_role("button", name="Convert to Markdown report.docx").click()
+    companion = page.page.locator("tr.file-row.companion")
+    expect(companion).to_contain_text("report.md", timeout=60_000)
+    expect(companion).to_contain_text("Markdown of report.docx")
+    assert "report.md" in live.names(THREAD)
+    page.page.get_by_role("button", name="Convert to Markdown broken.pdf").click()
+    broken = page.page.locator('tr.file-row[data-filename="broken.pdf"]')
+    expect(broken).to_contain_text("Conversion failed", timeout=60_000)
+    # The failure is an answer of the API (422), which Chromium logs as a failed resource.
+    page.allowed_errors.append("the server responded with a status of 422")
+    table_fits = "() => document.querySelector('.table-wrap').scrollLeft === 0"
+    assert page.page.evaluate(table_fits), "the list fits its panel at desktop width"
+    page.shoot("conversion-done-and-failed")
