@@ -11,16 +11,13 @@ from playwright.sync_api import expect
 
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
+from tests.browser.helpers import gradient_png
 
 pytestmark = pytest.mark.browser
 
 THREAD = "browser-thread"
 HOSTILE = '"><img src=x onerror=alert(1)>.txt'
-PNG_4X4 = bytes.fromhex(
-    "89504e470d0a1a0a0000000d4948445200000004000000040806000000a9f19e7e"
-    "0000001a4944415478da63f8cfc0f01f0b30303030fc6780b30030a40f0029e70f"
-    "f1c8a3b5660000000049454e44ae426082"
-)
+PNG = gradient_png()
 
 
 def test_index_new_thread_and_language_switch(page: Watched, live: LiveServer) -> None:
@@ -49,7 +46,7 @@ def test_markdown_preview_never_runs_script(page: Watched, live: LiveServer) -> 
         b"[click](javascript:window.__pwned=3)\n\n![chart](chart.png)\n\n"
         b"| a | b |\n|---|---|\n| 1 | 2 |\n"
     )
-    live.seed(THREAD, {"notes.md": markdown, "chart.png": PNG_4X4})
+    live.seed(THREAD, {"notes.md": markdown, "chart.png": PNG})
     page.page.goto(f"{live.url}/threads/{THREAD}/files/uploads/notes.md")
     body = page.page.locator("article.markdown-body")
     expect(body.locator("h1")).to_have_text("Quarterly notes")
@@ -57,7 +54,7 @@ def test_markdown_preview_never_runs_script(page: Watched, live: LiveServer) -> 
     expect(body.locator("script")).to_have_count(0)
     expect(body.locator("a[href^='javascript']")).to_have_count(0)
     page.page.wait_for_function("() => document.querySelector('article img').complete")
-    assert page.page.evaluate("() => document.querySelector('article img').naturalWidth") == 4
+    assert page.page.evaluate("() => document.querySelector('article img').naturalWidth") == 96
     assert page.page.evaluate("() => window.__pwned") is None
     page.shoot("preview-markdown")
     page.page.get_by_role("link", name="Show source").click()
@@ -65,12 +62,12 @@ def test_markdown_preview_never_runs_script(page: Watched, live: LiveServer) -> 
 
 
 def test_image_preview(page: Watched, live: LiveServer) -> None:
-    live.seed(THREAD, {"pixel.png": PNG_4X4})
+    live.seed(THREAD, {"pixel.png": PNG})
     page.page.goto(f"{live.url}/threads/{THREAD}/files/uploads/pixel.png")
     image = page.page.get_by_role("img", name="pixel.png")
     expect(image).to_be_visible()
     page.page.wait_for_function("() => document.querySelector('.image-frame img').complete")
-    assert image.evaluate("img => img.naturalWidth") == 4
+    assert image.evaluate("img => img.naturalWidth") == 96
     page.shoot("preview-image")
 
 
@@ -92,7 +89,7 @@ def test_other_previews_render_without_errors(page: Watched, live: LiveServer) -
     live.service.paths.ensure_thread_dirs(THREAD)
     outputs = live.service.paths.area_dir(THREAD, "outputs")
     (outputs / "charts").mkdir()
-    (outputs / "charts" / "c.png").write_bytes(PNG_4X4)
+    (outputs / "charts" / "c.png").write_bytes(PNG)
     (outputs / "summary.md").write_text("# Done\n")
     page.page.goto(f"{live.url}/threads/{THREAD}/files/uploads/data.csv")
     expect(page.page.locator("table.csv-table th")).to_have_text(["name", "value"])
@@ -134,7 +131,7 @@ def test_bulk_delete_asks_with_the_names(page: Watched, live: LiveServer) -> Non
 
 
 def test_filter_select_all_rename_and_keyboard(page: Watched, live: LiveServer) -> None:
-    live.seed(THREAD, {"report.pdf": b"%PDF-1.4", "photo.png": PNG_4X4, "notes.txt": b"n"})
+    live.seed(THREAD, {"report.pdf": b"%PDF-1.4", "photo.png": PNG, "notes.txt": b"n"})
     page.page.goto(f"{live.url}/threads/{THREAD}")
     page.page.get_by_label("Filter by name").fill("NOT")
     groups = page.page.locator("tbody.file-group:visible")
