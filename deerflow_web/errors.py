@@ -88,6 +88,7 @@ class FileTooLarge(UploadError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"File too large: {name}")
+        self.name = name
 
 
 class TotalTooLarge(UploadError):
@@ -128,6 +129,7 @@ class UploadNotFound(UploadError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"File not found: {name}")
+        self.name = name
 
 
 class ArtifactError(DeerFlowError):

@@ -30,7 +30,7 @@ def describe_error(error: DeerFlowError, limits: UploadLimits) -> str:
     if isinstance(error, FileTooLarge):
         return _(
             "“%(name)s” is larger than %(limit)s, the limit per file. Nothing was uploaded.",
-            name=_named(error),
+            name=error.name,
             limit=human_size(limits.max_file_size),
         )
     if isinstance(error, TotalTooLarge):
@@ -41,17 +41,10 @@ def describe_error(error: DeerFlowError, limits: UploadLimits) -> str:
     if isinstance(error, NoFilesProvided):
         return _("Choose at least one file.")
     if isinstance(error, UploadNotFound):
-        return _("“%(name)s” was not found. It may have been deleted already.", name=_named(error))
+        return _("“%(name)s” was not found. It may have been deleted already.", name=error.name)
     if isinstance(error, InsufficientStorage):
         return _("Not enough disk space. Nothing was uploaded.")
     if isinstance(error, InvalidThreadId):
         return _("Thread ids use 1-64 letters, digits, hyphens or underscores.")
     return str(error)
 
-
-def _named(error: DeerFlowError) -> str:
-    """The file an error is about: its `name`, else the part after "…: " in its message."""
-    name = getattr(error, "name", None)
-    if isinstance(name, str):
-        return name
-    return str(error).partition(": ")[2] or str(error)
