@@ -131,3 +131,40 @@ def test_an_explicit_companion_wins_over_the_sibling(tmp_path: Path) -> None:
     _md(tmp_path, "# Converted\n", "a_1.md")
     outline, _ = outline_for_file(tmp_path / "a.pdf", tmp_path / "a_1.md")
     assert _titles(outline) == ["Converted"]
+
+
+def test_upload_outline_follows_the_recorded_companion(tmp_path: Path) -> None:
+    import io
+
+    from deerflow_web.models import IncomingFile
+    from deerflow_web.services.conversions import ConversionJobs
+    from deerflow_web.services.outline import upload_outline
+    from deerflow_web.services.uploads import make_upload_service
+    from deerflow_web.settings import ConversionSettings
+
+    service = make_upload_service(tmp_path)
+    service.save_uploads(
+        "t",
+        [
+            IncomingFile("a.md", io.BytesIO(b"# Mine\n")),
+            IncomingFile("a.pdf", io.BytesIO(b"%PDF-1.4")),
+            IncomingFile("b.pdf", io.BytesIO(b"%PDF-1.4")),
+        ],
+    )
+
+    def convert(source: Path, destination: Path, **_: object) -> None:
+        destination.write_text("# Converted\n\n## Part Two\n")
+
+    ConversionJobs(service, ConversionSettings(), converter=convert).convert("t", "a.pdf")
+    records = service.list_uploads("t")
+    by_name = {r.filename: r for r in records}
+    folder = service.uploads_dir("t")
+    assert upload_outline(folder, by_name["a.pdf"], records) == (
+        "a_1.md",
+        [{"title": "Converted", "line": 1}, {"title": "Part Two", "line": 3}],
+    )
+    assert upload_outline(folder, by_name["a.md"], records) == (
+        "a.md",
+        [{"title": "Mine", "line": 1}],
+    )
+    assert upload_outline(folder, by_name["b.pdf"], records) == (None, [])

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from deerflow_web.models import UploadRecord
 
 logger = logging.getLogger(__name__)
 
@@ -131,3 +134,23 @@ def outline_for_file(
     if outline:
         return outline, []
     return [], _preview(md_path)
+
+
+def upload_outline(
+    folder: Path, record: UploadRecord, records: Sequence[UploadRecord]
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """The outline a person sees next to an upload: the one the agent is given.
+
+    It comes from the companion that conversion recorded for the file (SPEC D8), or from the
+    file itself when it is Markdown. Returns the name of the Markdown file read (None when
+    there is none) and its headings.
+    """
+    if record.extension.lower() == ".md":
+        source = record.filename
+    else:
+        companion = next((r for r in records if r.converted_from == record.filename), None)
+        if companion is None:
+            return None, []
+        source = companion.filename
+    outline, _ = outline_for_file(folder / record.filename, folder / source)
+    return source, outline
