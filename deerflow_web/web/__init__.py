@@ -47,11 +47,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     wiring.init_app(app, settings)
 
     from deerflow_web.web import api
+    from deerflow_web.web import chat
     from deerflow_web.web import pages
 
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(chat.bp)
     app.after_request(add_security_headers)
     register_error_handlers(app)
     return app

@@ -8,6 +8,8 @@ from pathlib import Path
 from flask import Flask
 from flask import current_app
 
+from deerflow_web.services.chat_preview import ChatPreviewService
+from deerflow_web.services.chat_preview import make_chat_preview_service
 from deerflow_web.services.conversions import ConversionJobs
 from deerflow_web.services.uploads import UploadService
 from deerflow_web.services.uploads import make_upload_service
@@ -25,6 +27,7 @@ class Services:
         self.settings = settings
         self.uploads: UploadService = make_upload_service(settings.base_dir, settings.limits)
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
+        self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
 
 
 def persistent_secret_key(base_dir: Path) -> str:
@@ -70,6 +73,11 @@ def get_services() -> Services:
 def get_upload_service() -> UploadService:
     """The upload service of the current app."""
     return get_services().uploads
+
+
+def get_chat_preview_service() -> ChatPreviewService:
+    """The chat preview service of the current app."""
+    return get_services().chat_previews
 
 
 def current_user_id() -> str | None:

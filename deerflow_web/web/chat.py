@@ -1,0 +1,144 @@
+"""The chat preview page: what the model would receive for a message in this thread.
+
+A person composes a message, attaches files of the thread (or uploads new ones inline)
+and picks the injection mode; the page shows the final message content, the state the
+uploads middleware writes and what `list_uploaded_files` returns now, turn after turn.
+The answers come from `services/chat_preview.py`, which runs the functions the LangChain
+side runs; this module never imports the agent package (STYLE, import direction).
+Everything works without JavaScript (post, redirect, get).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from flask import Blueprint
+from flask import flash
+from flask import redirect
+from flask import render_template
+from flask import request
+from flask import url_for
+from flask.typing import ResponseReturnValue
+from flask_babel import gettext as _
+from flask_babel import ngettext
+
+from deerflow_web.errors import UploadError
+from deerflow_web.models import IncomingFile
+from deerflow_web.services.chat_preview import PreviewTurn
+from deerflow_web.services.file_list import build_listing
+from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.chat_forms import ChatPreviewForm
+from deerflow_web.web.chat_forms import ChatUploadForm
+from deerflow_web.web.forms import CsrfOnlyForm
+from deerflow_web.web.messages import describe_error
+from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_chat_preview_service
+from deerflow_web.web.wiring import get_upload_service
+
+bp = Blueprint("chat", __name__)
+
+
+@bp.app_template_filter("pretty_json")
+def pretty_json(value: Any) -> str:
+    """Indented JSON with non-ASCII kept readable (Jinja escapes it for HTML)."""
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _back(thread_id: str, **args: Any) -> ResponseReturnValue:
+    return redirect(url_for("chat.chat_preview", thread_id=thread_id, **args))
+
+
+def _selected(turns: Sequence[PreviewTurn], turn_id: int | None) -> int | None:
+    """The index of the turn to show: the one asked for, else the latest."""
+    for index, turn in enumerate(turns):
+        if turn.turn_id == turn_id:
+            return index
+    return len(turns) - 1 if turns else None
+
+
+def _render(
+    thread_id: str, form: ChatPreviewForm, turns: list[PreviewTurn], status: int = 200
+) -> ResponseReturnValue:
+    records = get_upload_service().list_uploads(thread_id, current_user_id())
+    index = _selected(turns, request.args.get("turn", type=int))
+    page = render_template(
+        "pages/chat_preview.html",
+        thread_id=thread_id,
+        form=form,
+        upload_form=ChatUploadForm(formdata=None),
+        clear_form=CsrfOnlyForm(formdata=None),
+        groups=build_listing(records).groups,
+        turns=turns,
+        index=index,
+        selected=turns[index] if index is not None else None,
+    )
+    return page, status
+
+
+@bp.get("/threads/<thread_id>/chat")
+def chat_preview(thread_id: str) -> ResponseReturnValue:
+    """Show the compose form, the selected turn's result and the history of turns."""
+    validate_thread_id(thread_id)
+    turns = get_chat_preview_service().history(thread_id, current_user_id())
+    form = ChatPreviewForm(
+        formdata=None,
+        mode=turns[-1].mode if turns else "current",  # stepping through a mode is the usual
+        attach=request.args.getlist("attach"),
+    )
+    return _render(thread_id, form, turns)
+
+
+@bp.post("/threads/<thread_id>/chat")
+def preview_message(thread_id: str) -> ResponseReturnValue:
+    """Preview the composed message as the next turn, then show it."""
+    validate_thread_id(thread_id)
+    form = ChatPreviewForm()
+    service = get_chat_preview_service()
+    if not form.validate_on_submit():
+        # Render instead of redirecting, so what the person typed is not lost.
+        return _render(thread_id, form, service.history(thread_id, current_user_id()), 422)
+    # Browsers send a textarea's line breaks as CRLF; a chat client sends "\n".
+    text = (form.message.data or "").replace("\r\n", "\n")
+    attached = [name for name in form.attach.data or [] if name]
+    turn = service.preview(thread_id, text, attached, form.mode.data, current_user_id())
+    return _back(thread_id, turn=turn.turn_id, _anchor="result")
+
+
+@bp.post("/threads/<thread_id>/chat/upload")
+def upload_files(thread_id: str) -> ResponseReturnValue:
+    """Store new files in the thread and come back with them attached to the message."""
+    validate_thread_id(thread_id)
+    form = ChatUploadForm()
+    if not form.validate_on_submit():
+        for errors in form.errors.values():
+            for message in errors:
+                flash(str(message), "error")
+        return _back(thread_id)
+    service = get_upload_service()
+    incoming = [IncomingFile(f.filename or "", f.stream) for f in form.files.data]
+    try:
+        result = service.save_uploads(thread_id, incoming, user_id=current_user_id())
+    except UploadError as error:
+        flash(describe_error(error, service.limits), "error")
+        return _back(thread_id)
+    count = len(result.files)
+    flash(ngettext("Uploaded %(num)d file.", "Uploaded %(num)d files.", count), "success")
+    if result.skipped_files:
+        names = ", ".join(result.skipped_files)
+        flash(_("Skipped because the name is unsafe: %(names)s", names=names), "error")
+    return _back(thread_id, attach=[saved.record.filename for saved in result.files])
+
+
+@bp.post("/threads/<thread_id>/chat/clear")
+def clear_history(thread_id: str) -> ResponseReturnValue:
+    """Forget the thread's previewed turns (the uploads stay)."""
+    validate_thread_id(thread_id)
+    if CsrfOnlyForm().validate_on_submit():
+        count = get_chat_preview_service().clear(thread_id, current_user_id())
+        flash(
+            ngettext("Cleared %(num)d previewed turn.", "Cleared %(num)d previewed turns.", count),
+            "success",
+        )
+    return _back(thread_id)

@@ -1,0 +1,46 @@
+"""Flask-WTF forms of the chat preview page; every one carries a CSRF token.
+
+The forms check only what HTML can get wrong (an unknown mode, an oversized message). Which
+attached names count is the middleware's rule (`services/upload_turn.py`), so the
+attachment list is not validated against the thread's files here.
+"""
+
+from __future__ import annotations
+
+from flask_babel import lazy_gettext as _l
+from flask_wtf import FlaskForm
+from flask_wtf.file import FileRequired
+from flask_wtf.file import MultipleFileField
+from wtforms import SelectField
+from wtforms import SelectMultipleField
+from wtforms import TextAreaField
+from wtforms.validators import Length
+
+# Form fields are read into memory (MAX_FORM_MEMORY_SIZE is 64 KiB); a Chinese character
+# takes 3 bytes in UTF-8, so this stays well inside the limit.
+MAX_MESSAGE_CHARS = 20_000
+
+
+def mode_choices() -> list[tuple[str, object]]:
+    """The two injection modes of SPEC D11, in words."""
+    return [
+        ("current", _l("Current: announce the files attached to this message")),
+        ("incremental", _l("Incremental: announce every upload not shown in an earlier turn")),
+    ]
+
+
+class ChatPreviewForm(FlaskForm):
+    """A message, the files attached to it and the injection mode."""
+
+    message = TextAreaField(
+        _l("Message"),
+        validators=[Length(max=MAX_MESSAGE_CHARS, message=_l("The message is too long."))],
+    )
+    attach = SelectMultipleField(_l("Attach files"), validate_choice=False)
+    mode = SelectField(_l("Injection mode"), choices=mode_choices, default="current")
+
+
+class ChatUploadForm(FlaskForm):
+    """New files for the thread, attached to the next message once stored."""
+
+    files = MultipleFileField(_l("Files"), validators=[FileRequired(_l("Choose a file."))])
