@@ -564,3 +564,24 @@ def test_conversion_state_is_shown_and_pending_pages_poll(app: Flask, client: Fl
     # A running conversion offers no second Convert button; a failed one may be retried.
     assert html.count('data-action="convert"') == 1
     assert 'data-url="/api/threads/t1/uploads/b.pdf/convert"' in html
+
+
+def test_preview_shows_the_outline_the_agent_gets(app, client, base_dir) -> None:
+    from deerflow_web.services.conversions import ConversionJobs
+
+    uploads = app.extensions["deerflow_web"].uploads
+    from deerflow_web.models import IncomingFile
+
+    uploads.save_uploads("T", [IncomingFile("deck.pdf", BytesIO(b"%PDF-1.4 x"))])
+
+    def convert(source, destination, **_):
+        destination.write_text("# Annual <b>Report</b>\n\ntext\n## Risks\n")
+
+    jobs = app.extensions["deerflow_web"].conversions
+    ConversionJobs(uploads, jobs.settings, converter=convert).convert("T", "deck.pdf")
+    page = client.get("/threads/T/files/uploads/deck.pdf").get_data(as_text=True)
+    assert "Document outline" in page and "deck.md" in page
+    assert "L1</span> Annual &lt;b&gt;Report&lt;/b&gt;" in page
+    assert "L4</span> Risks" in page
+    plain = client.get("/threads/T/files/uploads/deck.md").get_data(as_text=True)
+    assert "L4</span> Risks" in plain

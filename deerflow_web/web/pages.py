@@ -37,6 +37,7 @@ from deerflow_web.services.bulk_delete import delete_uploads
 from deerflow_web.services.file_list import SortKey
 from deerflow_web.services.file_list import build_listing
 from deerflow_web.services.list_query import ListQuery
+from deerflow_web.services.outline import upload_outline
 from deerflow_web.services.preview import BROWSER_IMAGE_TYPES
 from deerflow_web.services.preview import PREVIEW_BYTES
 from deerflow_web.services.preview import build_preview
@@ -277,12 +278,13 @@ def preview_file(thread_id: str, path: str) -> str:
     artifact = resolve_artifact(service.paths, thread_id, f"{VIRTUAL_PATH_PREFIX}/{path}", user_id)
     preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread_id))
     area, _sep, rest = path.partition("/")
-    record = None
+    record, outline_source, outline = None, None, []
     if area == Area.UPLOADS and "/" not in rest:
-        try:
-            record = service.get_upload(thread_id, rest, user_id)
-        except UploadNotFound:
-            record = None
+        records = service.list_uploads(thread_id, user_id)
+        record = next((r for r in records if r.filename == rest), None)
+        if record is not None:
+            folder = service.uploads_dir(thread_id, user_id)
+            outline_source, outline = upload_outline(folder, record, records)
     return render_template(
         "pages/preview.html",
         thread_id=thread_id,
@@ -293,6 +295,9 @@ def preview_file(thread_id: str, path: str) -> str:
         rendered=Markup(preview.html),  # markdown_render's output: sanitised by construction
         show_source=request.args.get("view") == "source",
         record=record,
+        outline=[entry for entry in outline if "title" in entry],
+        outline_truncated=any(entry.get("truncated") for entry in outline),
+        outline_source=outline_source,
         preview_limit=PREVIEW_BYTES,
     )
 
