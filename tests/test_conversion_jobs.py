@@ -246,3 +246,25 @@ def test_automatic_conversion_when_configured(make_app, base_dir: Path, tmp_path
     assert entries[1]["markdown_path"].endswith("/uploads/r_1.md")
     assert "Board Minutes" in (uploads_dir(base_dir, "T") / "r_1.md").read_text()
     assert (uploads_dir(base_dir, "T") / "r.md").read_bytes() == b"USER"
+
+
+def test_a_job_that_finishes_before_it_is_registered_does_not_hang(service) -> None:
+    """The done-callback of an already finished job runs at once, in the caller's thread."""
+    save(service, (b"%PDF", "fast.pdf"))
+    jobs = jobs_with(service, fake_converter())
+    real_submit = None
+
+    def submit_and_finish(fn, *args):
+        future = real_submit(fn, *args)
+        future.result()  # finished before `_start` registers its callback
+        return future
+
+    jobs.convert("T", "fast.pdf")  # creates the pool
+    real_submit = jobs._pool.submit
+    jobs._pool.submit = submit_and_finish
+    outcome: list[object] = []
+    worker = threading.Thread(target=lambda: outcome.append(jobs.convert("T", "fast.pdf")))
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "convert() deadlocked"
+    assert outcome[0].finished

@@ -186,8 +186,10 @@ class ConversionJobs:
                 )
             future = self._pool.submit(self._run, thread_id, user_id, filenames)
             self._running[key] = future
-            future.add_done_callback(lambda _: self._forget(key, future))
-            return future
+        # Outside the lock: a job that is already done runs the callback right here, and
+        # the callback takes the lock itself.
+        future.add_done_callback(lambda _: self._forget(key, future))
+        return future
 
     def _forget(self, key: tuple[str, str], future: Future) -> None:
         with self._lock:
