@@ -263,7 +263,9 @@ def test_a_job_that_finishes_before_it_is_registered_does_not_hang(service) -> N
     real_submit = jobs._pool.submit
     jobs._pool.submit = submit_and_finish
     outcome: list[object] = []
-    worker = threading.Thread(target=lambda: outcome.append(jobs.convert("T", "fast.pdf")))
+    worker = threading.Thread(
+        target=lambda: outcome.append(jobs.convert("T", "fast.pdf")), daemon=True
+    )
     worker.start()
     worker.join(10)
     assert not worker.is_alive(), "convert() deadlocked"
