@@ -21,18 +21,15 @@ from flask import render_template
 from flask import request
 from flask import url_for
 from flask.typing import ResponseReturnValue
-from flask_babel import gettext as _
 from flask_babel import ngettext
 
-from deerflow_web.errors import UploadError
-from deerflow_web.models import IncomingFile
 from deerflow_web.services.chat_preview import PreviewTurn
 from deerflow_web.services.file_list import build_listing
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.chat_forms import ChatPreviewForm
 from deerflow_web.web.chat_forms import ChatUploadForm
+from deerflow_web.web.form_uploads import save_form_files
 from deerflow_web.web.forms import CsrfOnlyForm
-from deerflow_web.web.messages import describe_error
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_chat_preview_service
 from deerflow_web.web.wiring import get_upload_service
@@ -110,25 +107,7 @@ def preview_message(thread_id: str) -> ResponseReturnValue:
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store new files in the thread and come back with them attached to the message."""
     validate_thread_id(thread_id)
-    form = ChatUploadForm()
-    if not form.validate_on_submit():
-        for errors in form.errors.values():
-            for message in errors:
-                flash(str(message), "error")
-        return _back(thread_id)
-    service = get_upload_service()
-    incoming = [IncomingFile(f.filename or "", f.stream) for f in form.files.data]
-    try:
-        result = service.save_uploads(thread_id, incoming, user_id=current_user_id())
-    except UploadError as error:
-        flash(describe_error(error, service.limits), "error")
-        return _back(thread_id)
-    count = len(result.files)
-    flash(ngettext("Uploaded %(num)d file.", "Uploaded %(num)d files.", count), "success")
-    if result.skipped_files:
-        names = ", ".join(result.skipped_files)
-        flash(_("Skipped because the name is unsafe: %(names)s", names=names), "error")
-    return _back(thread_id, attach=[saved.record.filename for saved in result.files])
+    return _back(thread_id, attach=save_form_files(thread_id, ChatUploadForm()))
 
 
 @bp.post("/threads/<thread_id>/chat/clear")

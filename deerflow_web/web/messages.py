@@ -47,4 +47,3 @@ def describe_error(error: DeerFlowError, limits: UploadLimits) -> str:
     if isinstance(error, InvalidThreadId):
         return _("Thread ids use 1-64 letters, digits, hyphens or underscores.")
     return str(error)
-

@@ -24,11 +24,9 @@ from markupsafe import Markup
 
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import InvalidThreadId
-from deerflow_web.errors import UploadError
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
-from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.services.artifacts import resolve_artifact
 from deerflow_web.services.browse import BROWSABLE_AREAS
@@ -46,6 +44,7 @@ from deerflow_web.services.threads import list_threads
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web import helpers
 from deerflow_web.web.errors import status_for
+from deerflow_web.web.form_uploads import save_form_files
 from deerflow_web.web.forms import CsrfOnlyForm
 from deerflow_web.web.forms import DeleteForm
 from deerflow_web.web.forms import RenameForm
@@ -123,29 +122,7 @@ def thread_files(thread_id: str) -> str:
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store the form's files (the no-JavaScript path; scripts use the JSON API)."""
     validate_thread_id(thread_id)
-    form = UploadForm()
-    if not form.validate_on_submit():
-        for errors in form.errors.values():
-            for message in errors:
-                flash(str(message), "error")
-        return _back_to_thread(thread_id)
-    service = get_upload_service()
-    incoming = [IncomingFile(f.filename or "", f.stream) for f in form.files.data]
-    try:
-        result = service.save_uploads(
-            thread_id,
-            incoming,
-            on_conflict=OnConflict(form.on_conflict.data),
-            user_id=current_user_id(),
-        )
-    except UploadError as error:
-        flash(describe_error(error, service.limits), "error")
-        return _back_to_thread(thread_id)
-    count = len(result.files)
-    flash(ngettext("Uploaded %(num)d file.", "Uploaded %(num)d files.", count), "success")
-    if result.skipped_files:
-        names = ", ".join(result.skipped_files)
-        flash(_("Skipped because the name is unsafe: %(names)s", names=names), "error")
+    save_form_files(thread_id, UploadForm())
     return _back_to_thread(thread_id)
 
 
