@@ -25,6 +25,7 @@ from pathlib import Path
 
 from deerflow_web.errors import ConversionError
 from deerflow_web.errors import NotConvertible
+from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
@@ -204,14 +205,15 @@ class ConversionJobs:
         user_id: str | None = None,
         error: ConversionError | None = None,
     ) -> ConversionStatus:
-        """The file's record and companion as they stand now."""
+        """The file's record and companion as they stand now.
+
+        Raises:
+            UploadNotFound: The file is gone (deleted while it was converted, say).
+        """
         records = self.uploads.list_uploads(thread_id, user_id)
-        by_name = {r.filename: r for r in records}
-        record = (
-            by_name[filename]
-            if filename in by_name
-            else self.uploads.get_upload(thread_id, filename, user_id)
-        )
+        record = next((r for r in records if r.filename == filename), None)
+        if record is None:
+            raise UploadNotFound(filename)
         companion = next((r for r in records if r.converted_from == filename), None)
         if error is None and record.conversion_state is ConversionState.FAILED:
             error = ConversionError(record.conversion_error or "The conversion failed")
