@@ -283,3 +283,16 @@ def test_records_cache_never_keeps_a_rolled_back_write(base_dir: Path) -> None:
         assert service.records.all(scope) == []  # this connection sees its own change
         raise RuntimeError("roll back")
     assert service.records.all(scope) == [stored]
+
+
+def test_every_worker_gets_the_same_complete_secret_key(base_dir: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deerflow_web.web.wiring import persistent_secret_key
+
+    with ThreadPoolExecutor(8) as pool:
+        keys = set(pool.map(lambda _: persistent_secret_key(base_dir), range(32)))
+    [key] = keys
+    assert len(key) == 64
+    assert (base_dir / "secret_key").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in base_dir.iterdir()) == ["secret_key"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from flask import Flask
@@ -34,27 +36,24 @@ def persistent_secret_key(base_dir: Path) -> str:
     """A session key shared by every worker process and kept across restarts.
 
     Each gunicorn worker builds its own app; a key generated in memory would make one
-    worker reject the CSRF tokens another one issued.
+    worker reject the CSRF tokens another one issued. The key is written to a private
+    temporary file first and hard-linked into place, so a worker starting at the same
+    moment reads either no file or a complete one, never an empty one.
     """
     path = base_dir / SECRET_KEY_FILE
-    try:
+    if path.exists():
         return path.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        pass
     base_dir.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_hex(32)
+    handle, temporary = tempfile.mkstemp(dir=base_dir, prefix=".secret-")  # mode 0600
     try:
-        with open(path, "x", encoding="ascii", opener=_private_opener) as handle:
-            handle.write(key)
-    except FileExistsError:  # another worker won the race: use its key
-        return path.read_text(encoding="ascii").strip()
-    return key
-
-
-def _private_opener(path: str, flags: int) -> int:
-    import os
-
-    return os.open(path, flags, 0o600)
+        with os.fdopen(handle, "w", encoding="ascii") as file:
+            file.write(secrets.token_hex(32))
+        os.link(temporary, path)
+    except FileExistsError:
+        pass  # another worker won the race: use its key
+    finally:
+        os.unlink(temporary)
+    return path.read_text(encoding="ascii").strip()
 
 
 def init_app(app: Flask, settings: Settings) -> None:
