@@ -642,3 +642,24 @@ def test_tools_read_the_same_files_as_os(base: Path, uploads: Path) -> None:
     write_file(uploads / "here.txt", "here\n")
     assert os.path.exists(base / "threads" / T / "user-data" / "uploads" / "here.txt")
     assert "here" in _read(base, path="/mnt/user-data/uploads/here.txt")
+
+
+def test_grep_stops_a_pattern_that_would_backtrack_for_hours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from deerflow_web.agent import file_access
+    from deerflow_web.agent.file_access import FileAccessError
+    from deerflow_web.agent.file_access import UserDataFiles
+    from deerflow_web.storage.paths import ThreadPaths
+
+    paths = ThreadPaths(tmp_path)
+    uploads = paths.uploads_dir("t1")
+    uploads.mkdir(parents=True)
+    (uploads / "long.txt").write_text("a" * 60 + "b\n")
+    monkeypatch.setattr(file_access, "GREP_SECONDS", 0.5)
+    started = time.monotonic()
+    with pytest.raises(FileAccessError, match="stopped after 0.5 s"):
+        UserDataFiles(paths, "t1").grep(r"(a|aa)+$", "/mnt/user-data/uploads")
+    assert time.monotonic() - started < 5

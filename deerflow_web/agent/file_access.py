@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import regex
 
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
@@ -29,6 +32,7 @@ MAX_GREP_RESULTS = 200
 MAX_GREP_FILE_BYTES = 20 * 1024 * 1024
 MAX_GREP_TOTAL_BYTES = 200 * 1024 * 1024
 MAX_PATTERN_CHARS = 1000
+GREP_SECONDS = 5.0  # a whole grep call, across files
 _SNIFF_BYTES = 8192
 
 
@@ -81,14 +85,29 @@ def compile_glob(pattern: str) -> re.Pattern[str]:
     segments = [segment for segment in pattern.split("/") if segment not in ("", ".")]
     if ".." in segments:
         raise FileAccessError("Glob patterns may not contain '..'.")
-    regex = ""
+    expression = ""
     for index, segment in enumerate(segments):
         last = index == len(segments) - 1
         if segment == "**":
-            regex += ".*" if last else "(?:[^/]+/)*"
+            expression += ".*" if last else "(?:[^/]+/)*"
         else:
-            regex += _segment_regex(segment) + ("" if last else "/")
-    return re.compile(regex, re.DOTALL)
+            expression += _segment_regex(segment) + ("" if last else "/")
+    return re.compile(expression, re.DOTALL)
+
+
+def _matches(compiled: regex.Pattern[str], line: str, deadline: float) -> bool:
+    """Whether `line` matches, within what is left of the search's time budget.
+
+    The model writes the pattern, and a pattern like `(a|aa)+$` backtracks for hours on a
+    long line; the `regex` engine can stop a search at a deadline, which `re` cannot.
+    """
+    try:
+        return compiled.search(line, timeout=max(deadline - time.monotonic(), 0.001)) is not None
+    except TimeoutError as error:
+        raise FileAccessError(
+            f"The search was stopped after {GREP_SECONDS:g} s; use a simpler pattern "
+            "(nested repetition such as (a|aa)+ can take hours on long lines)."
+        ) from error
 
 
 def _is_binary(path: Path) -> bool:
@@ -264,9 +283,10 @@ class UserDataFiles:
         if not pattern or len(pattern) > MAX_PATTERN_CHARS:
             raise FileAccessError(f"The pattern must have 1 to {MAX_PATTERN_CHARS} characters.")
         try:
-            regex = re.compile(pattern)
-        except re.error as error:
+            compiled = regex.compile(pattern)
+        except regex.error as error:
             raise FileAccessError(f"Invalid regular expression: {error}") from error
+        deadline = time.monotonic() + GREP_SECONDS
         limit = min(max(max_results, 1), MAX_GREP_RESULTS)
         name_matcher = compile_glob(file_glob) if file_glob else None
         by_name = file_glob is not None and "/" not in file_glob
@@ -290,7 +310,7 @@ class UserDataFiles:
             with walked.real_path.open(encoding="utf-8", errors="replace") as handle:
                 for number, raw in enumerate(handle, start=1):
                     line = _clip(raw)
-                    if regex.search(line) is None:
+                    if not _matches(compiled, line, deadline):
                         continue
                     if len(matches) == limit:
                         truncated = True
