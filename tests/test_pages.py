@@ -585,3 +585,41 @@ def test_preview_shows_the_outline_the_agent_gets(app, client, base_dir) -> None
     assert "L4</span> Risks" in page
     plain = client.get("/threads/T/files/uploads/deck.md").get_data(as_text=True)
     assert "L4</span> Risks" in plain
+
+
+def test_convert_without_javascript(app, client) -> None:
+    from deerflow_web.models import IncomingFile
+
+    services = app.extensions["deerflow_web"]
+    services.uploads.save_uploads(
+        "T",
+        [IncomingFile("a.pdf", BytesIO(b"%PDF-1.4")), IncomingFile("b.pdf", BytesIO(b"%PDF"))],
+    )
+
+    def convert(source, destination, **_):
+        if source.name == "b.pdf":
+            from deerflow_web.errors import ConversionError
+
+            raise ConversionError("b.pdf is corrupt or not a valid PDF (.pdf) file")
+        destination.write_text("# Converted\n")
+
+    services.conversions.converter = convert
+    page = client.get("/threads/T").get_data(as_text=True)
+    assert "<noscript>" in page and 'name="filename" value="a.pdf"' in page
+    done = client.post("/threads/T/convert", data={"filename": "a.pdf"}, follow_redirects=True)
+    assert "Converted a.pdf to a.md." in done.get_data(as_text=True)
+    failed = client.post("/threads/T/convert", data={"filename": "b.pdf"}, follow_redirects=True)
+    assert "Could not convert b.pdf: b.pdf is corrupt" in failed.get_data(as_text=True)
+    missing = client.post("/threads/T/convert", data={"filename": "c.pdf"}, follow_redirects=True)
+    assert "was not found" in missing.get_data(as_text=True)
+    assert sorted(r.filename for r in services.uploads.list_uploads("T")) == [
+        "a.md",
+        "a.pdf",
+        "b.pdf",
+    ]
+
+
+def test_convert_form_needs_a_csrf_token(make_app) -> None:
+    client = make_app(WTF_CSRF_ENABLED=True).test_client()
+    response = client.post("/threads/T/convert", data={"filename": "a.pdf"})
+    assert response.status_code == 400

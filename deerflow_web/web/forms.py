@@ -73,5 +73,11 @@ class RenameForm(FlaskForm):
     )
 
 
+class ConvertForm(FlaskForm):
+    """The document to convert (the Convert button's form when JavaScript is off)."""
+
+    filename = HiddenField(validators=[DataRequired()])
+
+
 class CsrfOnlyForm(FlaskForm):
     """A button that changes state (New thread) still needs a CSRF token."""

@@ -44,7 +44,9 @@ from deerflow_web.services.threads import list_threads
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web import helpers
 from deerflow_web.web.errors import status_for
+from deerflow_web.web.form_uploads import flash_form_errors
 from deerflow_web.web.form_uploads import save_form_files
+from deerflow_web.web.forms import ConvertForm
 from deerflow_web.web.forms import CsrfOnlyForm
 from deerflow_web.web.forms import DeleteForm
 from deerflow_web.web.forms import RenameForm
@@ -53,6 +55,7 @@ from deerflow_web.web.i18n import LANG_COOKIE
 from deerflow_web.web.i18n import LANGUAGES
 from deerflow_web.web.messages import describe_error
 from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("pages", __name__)
@@ -165,6 +168,37 @@ def delete_files(thread_id: str) -> ResponseReturnValue:
         )
     for _name, error in result.failed:
         flash(describe_error(error, service.limits), "error")
+    return _back_to_thread(thread_id)
+
+
+@bp.post("/threads/<thread_id>/convert")
+def convert_file(thread_id: str) -> ResponseReturnValue:
+    """Convert a document to Markdown (the Convert button's path without JavaScript)."""
+    validate_thread_id(thread_id)
+    form = ConvertForm()
+    if not form.validate_on_submit():
+        flash_form_errors(form)
+        return _back_to_thread(thread_id)
+    name = form.filename.data
+    try:
+        status = get_services().conversions.convert(thread_id, name, user_id=current_user_id())
+    except DeerFlowError as error:
+        flash(describe_error(error, get_upload_service().limits), "error")
+        return _back_to_thread(thread_id)
+    if status.error is not None:
+        flash(
+            _("Could not convert %(name)s: %(detail)s", name=name, detail=str(status.error)),
+            "error",
+        )
+    elif status.finished and status.companion is not None:
+        flash(
+            _("Converted %(name)s to %(markdown)s.", name=name, markdown=status.companion.filename),
+            "success",
+        )
+    else:
+        flash(
+            _("Converting %(name)s. Reload the page to see when it is done.", name=name), "success"
+        )
     return _back_to_thread(thread_id)
 
 
