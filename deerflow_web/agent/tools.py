@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Annotated
 from typing import Any
+from typing import TypeVar
 
 from langchain_core.tools import BaseTool
 from langchain_core.tools import InjectedToolArg
@@ -39,6 +41,8 @@ from deerflow_web.services.upload_listing import list_uploaded_files_result
 from deerflow_web.storage.paths import ThreadPaths
 
 logger = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
 
 NO_RUNTIME = "No runtime context available."
 THREAD_NOT_FOUND = "Thread not found."
@@ -72,6 +76,23 @@ def _user_data(paths: ThreadPaths, runtime: Any) -> UserDataFiles:
         return UserDataFiles(paths, thread_id, user_id_from(runtime))
     except DeerFlowError as error:
         raise ToolException(str(error)) from error
+
+
+def _in_thread(
+    paths: ThreadPaths,
+    runtime: Any,
+    verb: str,
+    path: str,
+    action: Callable[[UserDataFiles], Result],
+) -> Result:
+    """Run a file action in the run's thread; failures become messages the model can use."""
+    files = _user_data(paths, runtime)
+    try:
+        return action(files)
+    except DeerFlowError as error:
+        raise ToolException(str(error)) from error
+    except OSError as error:
+        raise ToolException(f"Cannot {verb} {neutralize(path)}: {error.strerror}") from error
 
 
 def make_list_uploaded_files_tool(
@@ -158,13 +179,13 @@ def make_read_file_tool(
             start_line: First line to read (1-based, inclusive); defaults to 1.
             end_line: Last line to read (inclusive); defaults to the end, within the limit.
         """
-        files = _user_data(thread_paths, runtime)
-        try:
-            return files.read(path, start_line, end_line)
-        except DeerFlowError as error:
-            raise ToolException(str(error)) from error
-        except OSError as error:
-            raise ToolException(f"Cannot read {neutralize(path)}: {error.strerror}") from error
+        return _in_thread(
+            thread_paths,
+            runtime,
+            "read",
+            path,
+            lambda files: files.read(path, start_line, end_line),
+        )
 
     read_file.handle_tool_error = True
     return read_file
@@ -190,13 +211,9 @@ def make_glob_tool(
             pattern: Pattern relative to `path`.
             path: Folder to search, such as /mnt/user-data/uploads.
         """
-        files = _user_data(thread_paths, runtime)
-        try:
-            return files.glob(pattern, path)
-        except DeerFlowError as error:
-            raise ToolException(str(error)) from error
-        except OSError as error:
-            raise ToolException(f"Cannot list {neutralize(path)}: {error.strerror}") from error
+        return _in_thread(
+            thread_paths, runtime, "list", path, lambda files: files.glob(pattern, path)
+        )
 
     glob.handle_tool_error = True
     return glob
@@ -224,13 +241,13 @@ def make_grep_tool(
             glob: Only search files whose name matches this pattern, such as '*.md'.
             max_results: Maximum number of matching lines to return, from 1 to 200.
         """
-        files = _user_data(thread_paths, runtime)
-        try:
-            return files.grep(pattern, path, glob, max_results)
-        except DeerFlowError as error:
-            raise ToolException(str(error)) from error
-        except OSError as error:
-            raise ToolException(f"Cannot search {neutralize(path)}: {error.strerror}") from error
+        return _in_thread(
+            thread_paths,
+            runtime,
+            "search",
+            path,
+            lambda files: files.grep(pattern, path, glob, max_results),
+        )
 
     grep.handle_tool_error = True
     return grep
