@@ -21,11 +21,12 @@ class ChunkyStream:
         self._position = 0
         self._rng = rng
 
-    def read(self, size: int) -> bytes:
-        step = min(size, self._rng.choice([1, 2, 5, 17, 300, 1 << 20]))
+    def readinto(self, buffer: memoryview) -> int:
+        step = min(len(buffer), self._rng.choice([1, 2, 5, 17, 300, 1 << 20]))
         piece = self._data[self._position : self._position + step]
-        self._position += step
-        return piece
+        buffer[: len(piece)] = piece
+        self._position += len(piece)
+        return len(piece)
 
 
 def encode(boundary: bytes, files: list[tuple[str, bytes]], fields: dict[str, str]) -> bytes:
@@ -55,7 +56,14 @@ def test_random_bodies_in_random_reads(seed: int, monkeypatch: pytest.MonkeyPatc
         files = []
         for index in range(rng.randint(1, 4)):
             data = b"".join(rng.choice(alphabet) for _ in range(rng.choice([0, 1, 3, 80, 900])))
-            if delimiter in data + delimiter[: len(delimiter) - 1] or data.endswith(b"\r"):
+            # The reader takes data that begins with `--boundary` for an empty part written
+            # Werkzeug's way (see BodyReader.begin_data), so such data is not generated.
+            ambiguous = (b"\r\n" + data).startswith(delimiter)
+            if (
+                ambiguous
+                or delimiter in data + delimiter[: len(delimiter) - 1]
+                or data.endswith(b"\r")
+            ):
                 data = data.replace(b"-", b"_").replace(b"\r", b"")
             files.append((f"f{index}.bin", data))
         monkeypatch.setattr(multipart, "READ_SIZE", rng.choice([1, 7, 64, 1 << 20]))

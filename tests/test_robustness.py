@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import json
 import os
 import signal
 import socket
@@ -120,8 +121,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(base_dir: Path, port: int) -> subprocess.Popen:
+def start_server(base_dir: Path, port: int, config: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "DEER_FLOW_HOME": str(base_dir)}
+    if config is not None:
+        env["DEER_FLOW_CONFIG_PATH"] = str(config)
     process = subprocess.Popen(
         [
             sys.executable,
@@ -185,6 +188,91 @@ def test_server_killed_mid_upload(base_dir: Path) -> None:
         assert listing.endswith(b'{"files":[],"count":0}\n')
         assert os.listdir(folder) == []  # swept at start-up
         assert b"404" in http(port, "GET", "/api/threads/T/artifacts/mnt/user-data/uploads/big.bin")
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def read_response(sock: socket.socket, pending: bytearray) -> tuple[int, bytes]:
+    """One HTTP/1.1 response with a Content-Length from a kept-alive connection.
+
+    `pending` holds what was received past the previous response.
+    """
+    while b"\r\n\r\n" not in pending:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        pending += data
+    head, _, _ = bytes(pending).partition(b"\r\n\r\n")
+    del pending[: len(head) + 4]
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    length = int(headers["content-length"])
+    while len(pending) < length:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        pending += data
+    body = bytes(pending[:length])
+    del pending[:length]
+    return int(lines[0].split()[1]), body
+
+
+def upload_request(name: str, data: bytes) -> bytes:
+    body = (
+        b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="'
+        + name.encode()
+        + b'"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        + data
+        + b"\r\n--XYZ--\r\n"
+    )
+    head = (
+        "POST /api/threads/T/uploads HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: multipart/form-data; boundary=XYZ\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+LIST_REQUEST = b"GET /api/threads/T/uploads/list HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> None:
+    """Bodies read straight from gunicorn's socket leave its connection state intact.
+
+    Large, small and pipelined uploads on one connection, then an upload refused with 413
+    part-way through its body, whose unread rest gunicorn must skip to find the next
+    request.
+    """
+    config = tmp_path / "config.yaml"
+    config.write_text(f"uploads:\n  max_file_size: {3 * 2**20 // 2}\n", encoding="utf-8")
+    base_dir = tmp_path / "home"
+    port = free_port()
+    server = start_server(base_dir, port, config)
+    big, small = os.urandom(1_300_000), b"small file"
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+            pending = bytearray()
+            sock.sendall(upload_request("big.bin", big))
+            assert read_response(sock, pending)[0] == 200
+            # Two requests in one send: the second starts inside gunicorn's read-ahead.
+            sock.sendall(upload_request("small.txt", small) + LIST_REQUEST)
+            assert read_response(sock, pending)[0] == 200
+            status, listing = read_response(sock, pending)
+            assert status == 200
+            files = {f["filename"]: f for f in json.loads(listing)["files"]}
+            assert files["big.bin"]["sha256"] == hashlib.sha256(big).hexdigest()
+            assert files["small.txt"]["sha256"] == hashlib.sha256(small).hexdigest()
+            # Over the limit after the second MiB: 413 with ~10 KiB of the body unread.
+            sock.sendall(upload_request("huge.bin", os.urandom(2 * 2**20 + 10_000)))
+            status, answer = read_response(sock, pending)
+            assert status == 413 and json.loads(answer)["detail"]
+            sock.sendall(LIST_REQUEST)
+            status, listing = read_response(sock, pending)
+            assert status == 200
+            assert sorted(f["filename"] for f in json.loads(listing)["files"]) == [
+                "big.bin",
+                "small.txt",
+            ]
+        assert sorted(os.listdir(uploads_dir(base_dir, "T"))) == ["big.bin", "small.txt"]
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()

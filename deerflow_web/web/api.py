@@ -23,8 +23,9 @@ from deerflow_web.models import OnConflict
 from deerflow_web.services.artifacts import resolve_artifact
 from deerflow_web.services.upload_info import UploadInfoFormatter
 from deerflow_web.storage.paths import validate_thread_id
-from deerflow_web.web.multipart import BoundedInput
 from deerflow_web.web.multipart import MultipartReader
+from deerflow_web.web.request_body import WsgiBody
+from deerflow_web.web.request_body import request_body
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
@@ -71,12 +72,11 @@ def _multipart_reader() -> MultipartReader:
         raise MissingFilesField()
     length = request.content_length
     if length is None:  # chunked transfer encoding: Werkzeug knows how to end it
-        return MultipartReader(request.stream, boundary.encode("latin-1"))
+        return MultipartReader(WsgiBody(request.stream, None), boundary.encode("latin-1"))
     limit = current_app.config.get("MAX_CONTENT_LENGTH")
     if limit is not None and length > limit:
         raise TotalTooLarge()  # hopeless before the first byte; the service counts the rest
-    body = BoundedInput(request.environ["wsgi.input"], length)
-    return MultipartReader(body, boundary.encode("latin-1"))
+    return MultipartReader(request_body(request.environ, length), boundary.encode("latin-1"))
 
 
 def _formatter(thread_id: str) -> UploadInfoFormatter:

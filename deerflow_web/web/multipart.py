@@ -2,17 +2,17 @@
 
 Werkzeug's `request.files` writes every file to a temporary file and `save()` copies it a
 second time; even its sans-IO decoder copies each chunk three times on the way through.
-Uploads are the hot path here, so this reader scans each chunk of the request body for the
-part delimiter in place and hands the file data on as memoryview slices of the very buffer
-the server read: the upload service hashes them and writes them to the staging file with no
-copy in Python. Only the small part headers are parsed the ordinary way.
+Uploads are the hot path here, so this reader reads the request body chunk by chunk into
+one reused buffer (see request_body.py), scans each chunk for the part delimiter in place
+and hands the file data on as memoryview slices of that buffer: the upload service hashes
+them and writes them to the staging file with no copy in Python. Only the small part
+headers are parsed the ordinary way.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import BinaryIO
 
 from werkzeug.datastructures import Headers
 from werkzeug.http import parse_options_header
@@ -20,6 +20,8 @@ from werkzeug.http import parse_options_header
 from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import MissingFilesField
 from deerflow_web.models import IncomingFile
+from deerflow_web.web.request_body import CUT_OFF
+from deerflow_web.web.request_body import RequestBody
 
 READ_SIZE = 1024 * 1024
 MAX_HEADER_BYTES = 16 * 1024
@@ -41,55 +43,51 @@ def part_filename(disposition: str) -> str | None:
     return parse_options_header(disposition)[1].get("filename")
 
 
-class BoundedInput:
-    """The raw WSGI input limited to Content-Length, with no buffering of its own.
-
-    Werkzeug's `request.stream` wraps the input in a `LimitedStream` whose reads copy every
-    chunk once more; for uploads that copy is a tenth of the CPU the whole request costs.
-    """
-
-    def __init__(self, stream: BinaryIO, length: int) -> None:
-        self._stream = stream
-        self._remaining = length
-
-    def read(self, size: int = -1) -> bytes:
-        """At most `size` bytes; b"" once Content-Length bytes have been read."""
-        if self._remaining <= 0:
-            return b""
-        wanted = self._remaining if size < 0 else min(size, self._remaining)
-        data = self._stream.read(wanted)
-        if not data:
-            raise MalformedUpload("The upload was cut off before the request body ended")
-        self._remaining -= len(data)
-        return data
-
-
 class BodyReader:
     """Reads the request body in large chunks and finds the delimiters between parts.
 
-    `_buffer[_position:]` is what has been read but not yet handed out. File data is handed
-    out as views into the chunk the server returned; only the few bytes that might begin a
-    delimiter are carried over into the next chunk.
+    `_buffer[_position:_end]` is what has been read but not yet handed out. Each chunk is
+    read into one buffer that is reused for the whole request, and file data is handed out
+    as views into it: a piece is valid until the next read. Only the few bytes that might
+    begin a delimiter are carried over into the next chunk, copied before it is read.
     """
 
-    def __init__(self, stream: BinaryIO, boundary: bytes) -> None:
-        self._stream = stream
+    def __init__(self, body: RequestBody, boundary: bytes) -> None:
+        self._body = body
         self._delimiter = b"\r\n--" + boundary
+        self._chunk = bytearray(READ_SIZE)
         # The body may start with the delimiter itself; a virtual CRLF makes that uniform.
-        self._buffer = b"\r\n"
+        self._buffer: bytes | bytearray = b"\r\n"
         self._position = 0
+        self._end = 2
 
-    def _next_chunk(self) -> bytes:
-        chunk = self._stream.read(READ_SIZE)
-        if not chunk:
-            raise MalformedUpload("The upload was cut off before the request body ended")
-        return chunk
+    def _read_chunk(self) -> int:
+        """Read into the chunk buffer until it is full or the body ends; return the count.
+
+        Full chunks keep the number of writes and hash updates per megabyte small however
+        the server's reads happen to be cut.
+        """
+        view = memoryview(self._chunk)
+        count = 0
+        while count < len(view) and (got := self._body.readinto(view[count:])):
+            count += got
+        if not count:
+            raise MalformedUpload(CUT_OFF)
+        return count
+
+    def _rest(self) -> bytes | bytearray:
+        """A copy of what is left, safe from the next read into the chunk buffer."""
+        return self._buffer[self._position : self._end]
 
     def _fill(self) -> None:
         """Append the next chunk of the body to what is left."""
-        chunk = self._next_chunk()
-        rest = self._buffer[self._position :]
-        self._buffer = rest + chunk if rest else chunk
+        rest = self._rest()
+        count = self._read_chunk()
+        if rest:
+            self._buffer = rest + memoryview(self._chunk)[:count]
+            self._end = len(self._buffer)
+        else:
+            self._buffer, self._end = self._chunk, count
         self._position = 0
 
     def _cross_seam(self) -> tuple[memoryview, bool] | None:
@@ -99,13 +97,14 @@ class BodyReader:
         checking the seam between them decides which, without copying the new chunk onto
         the old bytes (that copy cost as much as the delimiter search itself).
         """
-        rest = self._buffer[self._position :]
-        chunk = self._next_chunk()
-        if len(chunk) < len(self._delimiter):  # a tiny read: just join and look again
-            self._buffer, self._position = rest + chunk, 0
+        rest = self._rest()
+        count = self._read_chunk()
+        if count < len(self._delimiter):  # a tiny read: just join and look again
+            self._buffer = rest + self._chunk[:count]
+            self._position, self._end = 0, len(self._buffer)
             return None
-        self._buffer, self._position = chunk, 0
-        at = (rest + chunk[: len(self._delimiter)]).find(self._delimiter)
+        self._buffer, self._position, self._end = self._chunk, 0, count
+        at = (rest + self._chunk[: len(self._delimiter)]).find(self._delimiter)
         if 0 <= at < len(rest):
             self._position = at + len(self._delimiter) - len(rest)
             return memoryview(rest)[:at], True
@@ -115,12 +114,12 @@ class BodyReader:
         """The next piece of the current part's data, and whether the part ends with it."""
         keep = len(self._delimiter) - 1
         while True:
-            buffer, position = self._buffer, self._position
-            at = buffer.find(self._delimiter, position)
+            buffer, position, end = self._buffer, self._position, self._end
+            at = buffer.find(self._delimiter, position, end)
             if at >= 0:
                 self._position = at + len(self._delimiter)
                 return memoryview(buffer)[position:at], True
-            safe = len(buffer) - keep  # the last bytes might begin a delimiter
+            safe = end - keep  # the last bytes might begin a delimiter
             if safe > position:
                 self._position = safe
                 return memoryview(buffer)[position:safe], False
@@ -130,18 +129,18 @@ class BodyReader:
     def read_until(self, marker: bytes, limit: int) -> bytes:
         """The bytes up to `marker`, which is consumed too (for part headers)."""
         while True:
-            at = self._buffer.find(marker, self._position)
+            at = self._buffer.find(marker, self._position, self._end)
             if at >= 0:
-                found = self._buffer[self._position : at]
+                found = bytes(self._buffer[self._position : at])
                 self._position = at + len(marker)
                 return found
-            if len(self._buffer) - self._position > limit:
+            if self._end - self._position > limit:
                 raise MalformedUpload("A part header of the upload is too large")
             self._fill()
 
     def after_delimiter(self) -> bool:
         """After a delimiter: True if another part follows, False at the closing `--`."""
-        while len(self._buffer) - self._position < 2:
+        while self._end - self._position < 2:
             self._fill()
         if self._buffer[self._position : self._position + 2] == b"--":
             return False
@@ -155,9 +154,9 @@ class BodyReader:
         own client writes empty parts that way), so it is kept in that one case.
         """
         self._position -= 2
-        while len(self._buffer) - self._position < len(self._delimiter):
+        while self._end - self._position < len(self._delimiter):
             self._fill()
-        if not self._buffer.startswith(self._delimiter, self._position):
+        if not self._buffer.startswith(self._delimiter, self._position, self._end):
             self._position += 2
 
     def skip_preamble(self) -> None:
@@ -174,7 +173,8 @@ class _PartStream:
         self.finished = False
 
     def read(self, size: int = -1) -> memoryview | bytes:
-        """Return the next piece of the part (any length), or b"" at its end."""
+        """Return the next piece of the part (any length, valid until the next read), or
+        b"" at its end."""
         while not self.finished:
             piece, self.finished = self._body.read_data()
             if piece:
@@ -194,8 +194,8 @@ class MultipartReader:
     first file is yielded. Each part's stream is valid until the next part is requested.
     """
 
-    def __init__(self, stream: BinaryIO, boundary: bytes, file_field: str = "files") -> None:
-        self._body = BodyReader(stream, boundary)
+    def __init__(self, body: RequestBody, boundary: bytes, file_field: str = "files") -> None:
+        self._body = BodyReader(body, boundary)
         self._file_field = file_field
         self.fields: dict[str, str] = {}
 
