@@ -67,6 +67,9 @@ class Sizes:
 
     big: int = GiB
     medium: int = 100 * MiB
+    # One 10 ms CPU tick is a tenth of what one 100 MiB upload costs, so the medium file is
+    # uploaded (in a request of its own each time) this many times in a row.
+    medium_repeats: int = 4
     small: int = MiB
     small_count: int = 10
     small_repeats: int = 5  # the 10 x 1 MiB request is timed this many times in a row
@@ -84,6 +87,7 @@ class Sizes:
 QUICK = Sizes(
     big=256 * MiB,
     medium=32 * MiB,
+    medium_repeats=2,
     small_repeats=3,
     concurrent_size=2 * MiB,
     downloads=2,
@@ -469,22 +473,26 @@ def prepare_write(sizes: Sizes, size: int) -> None:
     os.sync()
 
 
-def upload_one(
-    target: Target, thread_id: str, size: int, sizes: Sizes, keep: bool = False
+def upload_each(
+    target: Target, thread_ids: list[str], size: int, sizes: Sizes, keep_first: bool = False
 ) -> Sample:
-    """One file in one request (or one plain write for the disk)."""
-    prepare_write(sizes, size)
+    """One file of `size` bytes in one request per thread, in turn (the disk: one plain
+    write each). The threads are dropped afterwards, but for the first if `keep_first`."""
+    prepare_write(sizes, size * len(thread_ids))
     if not target.is_server:
-        path = target.data_dir / f"{thread_id}.bin"
+        paths = [target.data_dir / f"{thread_id}.bin" for thread_id in thread_ids]
         with measured(None) as sample:
-            disk_write(path, size)
-        path.unlink()
+            for path in paths:
+                disk_write(path, size)
+        for path in paths:
+            path.unlink()
     else:
         with measured(target.pids()) as sample:
-            post_files(target.port, thread_id, [("payload.bin", size)])
-        if not keep:
+            for thread_id in thread_ids:
+                post_files(target.port, thread_id, [("payload.bin", size)])
+        for thread_id in thread_ids[1 if keep_first else 0 :]:
             target.drop_thread(thread_id)
-    sample.bytes = size
+    sample.bytes = size * len(thread_ids)
     return sample
 
 
@@ -580,13 +588,19 @@ def scenarios(sizes: Sizes) -> list[Scenario]:
         Scenario(
             "upload_big",
             f"upload 1 x {mib(sizes.big)}",
-            lambda t, r: upload_one(t, f"r{r}-big", sizes.big, sizes),
+            lambda t, r: upload_each(t, [f"r{r}-big"], sizes.big, sizes),
             with_disk=True,
         ),
         Scenario(
             "upload_medium",
-            f"upload 1 x {mib(sizes.medium)}",
-            lambda t, r: upload_one(t, f"r{r}-medium", sizes.medium, sizes, keep=True),
+            f"upload 1 x {mib(sizes.medium)} (x{sizes.medium_repeats})",
+            lambda t, r: upload_each(
+                t,
+                [f"r{r}-medium"] + [f"r{r}-medium-{i}" for i in range(1, sizes.medium_repeats)],
+                sizes.medium,
+                sizes,
+                keep_first=True,
+            ),
             with_disk=True,
         ),
         Scenario(
