@@ -216,7 +216,7 @@ def read_response(sock: socket.socket, pending: bytearray) -> tuple[int, bytes]:
     return int(lines[0].split()[1]), body
 
 
-def upload_request(name: str, data: bytes) -> bytes:
+def upload_request(name: str, data: bytes, chunked: bool = False) -> bytes:
     body = (
         b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="'
         + name.encode()
@@ -227,9 +227,12 @@ def upload_request(name: str, data: bytes) -> bytes:
     head = (
         "POST /api/threads/T/uploads HTTP/1.1\r\nHost: x\r\n"
         "Content-Type: multipart/form-data; boundary=XYZ\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
     )
-    return head.encode() + body
+    if not chunked:
+        return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+    pieces = [body[i : i + 70_000] for i in range(0, len(body), 70_000)]
+    encoded = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + encoded + b"0\r\n\r\n"
 
 
 LIST_REQUEST = b"GET /api/threads/T/uploads/list HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -238,20 +241,22 @@ LIST_REQUEST = b"GET /api/threads/T/uploads/list HTTP/1.1\r\nHost: x\r\n\r\n"
 def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> None:
     """Bodies read straight from gunicorn's socket leave its connection state intact.
 
-    Large, small and pipelined uploads on one connection, then an upload refused with 413
-    part-way through its body, whose unread rest gunicorn must skip to find the next
-    request.
+    Large, chunked, small and pipelined uploads on one connection, then an upload refused
+    with 413 part-way through its body, whose unread rest gunicorn must skip to find the
+    next request.
     """
     config = tmp_path / "config.yaml"
     config.write_text(f"uploads:\n  max_file_size: {3 * 2**20 // 2}\n", encoding="utf-8")
     base_dir = tmp_path / "home"
     port = free_port()
     server = start_server(base_dir, port, config)
-    big, small = os.urandom(1_300_000), b"small file"
+    big, small, chunked = os.urandom(1_300_000), b"small file", os.urandom(200_000)
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
             pending = bytearray()
             sock.sendall(upload_request("big.bin", big))
+            assert read_response(sock, pending)[0] == 200
+            sock.sendall(upload_request("chunked.bin", chunked, chunked=True))
             assert read_response(sock, pending)[0] == 200
             # Two requests in one send: the second starts inside gunicorn's read-ahead.
             sock.sendall(upload_request("small.txt", small) + LIST_REQUEST)
@@ -261,6 +266,7 @@ def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> N
             files = {f["filename"]: f for f in json.loads(listing)["files"]}
             assert files["big.bin"]["sha256"] == hashlib.sha256(big).hexdigest()
             assert files["small.txt"]["sha256"] == hashlib.sha256(small).hexdigest()
+            assert files["chunked.bin"]["sha256"] == hashlib.sha256(chunked).hexdigest()
             # Over the limit after the second MiB: 413 with ~10 KiB of the body unread.
             sock.sendall(upload_request("huge.bin", os.urandom(2 * 2**20 + 10_000)))
             status, answer = read_response(sock, pending)
@@ -268,11 +274,9 @@ def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> N
             sock.sendall(LIST_REQUEST)
             status, listing = read_response(sock, pending)
             assert status == 200
-            assert sorted(f["filename"] for f in json.loads(listing)["files"]) == [
-                "big.bin",
-                "small.txt",
-            ]
-        assert sorted(os.listdir(uploads_dir(base_dir, "T"))) == ["big.bin", "small.txt"]
+            names = sorted(f["filename"] for f in json.loads(listing)["files"])
+            assert names == ["big.bin", "chunked.bin", "small.txt"]
+        assert sorted(os.listdir(uploads_dir(base_dir, "T"))) == names
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
