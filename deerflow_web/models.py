@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import BinaryIO
 from typing import TypeVar
 
+from deerflow_web.errors import InvalidOption
+
 logger = logging.getLogger(__name__)
 
 VIRTUAL_PATH_PREFIX = "/mnt/user-data"
@@ -34,6 +36,15 @@ class OnConflict(enum.StrEnum):
     REPLACE = "replace"
     RENAME = "rename"
     REJECT = "reject"
+
+    @classmethod
+    def named(cls, value: str | None, default: OnConflict) -> OnConflict:
+        """The choice a request field names, `default` when it names none."""
+        try:
+            return cls(value or default)
+        except ValueError:
+            choices = ", ".join(option.value for option in cls)
+            raise InvalidOption(f"on_conflict must be one of: {choices}") from None
 
 
 class RecordSource(enum.StrEnum):

@@ -279,6 +279,97 @@ def test_html_form_with_csrf_token_is_accepted(csrf_client: FlaskClient) -> None
     assert "Uploaded 1 file." in text(csrf_client.get("/threads/t1"))
 
 
+def multipart_body(*parts: tuple[str, str | None, bytes]) -> bytes:
+    """(field name, filename or None, value) parts, in the order given."""
+    body = b""
+    for name, filename, value in parts:
+        disposition = f'form-data; name="{name}"'
+        if filename is not None:
+            disposition += f'; filename="{filename}"'
+        body += f"--XYZ\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + value
+        body += b"\r\n"
+    return body + b"--XYZ--\r\n"
+
+
+def post_multipart(client: FlaskClient, url: str, body: bytes, **environ: str):
+    return client.post(
+        url,
+        data=body,
+        content_type="multipart/form-data; boundary=XYZ",
+        environ_overrides=environ,
+    )
+
+
+@pytest.mark.parametrize("url", ["/threads/t1/upload", "/threads/t1/chat/upload"])
+def test_form_uploads_stream_past_werkzeugs_form_parser(
+    csrf_client: FlaskClient,
+    uploads: UploadActions,
+    url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The files are written once, as they arrive: Werkzeug never spools them."""
+    token = csrf_token_of(text(csrf_client.get("/threads/t1")))
+
+    def spool(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Werkzeug spooled an uploaded file")
+
+    monkeypatch.setattr(Flask.request_class, "_get_file_stream", spool)
+    body = multipart_body(
+        ("csrf_token", None, token.encode()),
+        ("on_conflict", None, b"rename"),
+        ("files", "a.txt", b"first"),
+        ("files", "b.txt", b"second"),
+    )
+    assert post_multipart(csrf_client, url, body).status_code == 302
+    assert uploads.names("t1") == ["a.txt", "b.txt"]
+    assert "Uploaded 2 files." in text(csrf_client.get("/threads/t1"))
+
+
+def test_form_token_sent_after_the_files_is_refused_before_writing(
+    csrf_client: FlaskClient, uploads: UploadActions, base_dir: Path
+) -> None:
+    token = csrf_token_of(text(csrf_client.get("/threads/t1")))
+    body = multipart_body(("files", "a.txt", b"x" * 5000), ("csrf_token", None, token.encode()))
+    response = post_multipart(csrf_client, "/threads/t1/upload", body)
+    assert response.status_code == 400
+    assert "CSRF" in text(response)
+    assert not uploads_dir(base_dir, "t1").exists()
+
+
+def test_form_upload_too_large_for_the_server_is_an_error_page(
+    make_app: Any, base_dir: Path
+) -> None:
+    """Refused from Content-Length alone, before any token could be read: no flash."""
+    client = make_app(WTF_CSRF_ENABLED=True, uploads={"max_total_size": 1000}).test_client()
+    body = multipart_body(("files", "a.txt", b"x" * 100))
+    huge = str(64 * 1024 * 1024)
+    response = post_multipart(client, "/threads/t1/upload", body, CONTENT_LENGTH=huge)
+    assert response.status_code == 413
+    assert response.mimetype == "text/html"
+    assert "too large" in text(response)
+    assert "too large" not in text(client.get("/threads/t1"))  # no flash was left
+    assert not uploads_dir(base_dir, "t1").exists()
+
+
+def test_form_upload_with_an_unknown_conflict_choice_stores_nothing(
+    client: FlaskClient, uploads: UploadActions
+) -> None:
+    body = multipart_body(("on_conflict", None, b"merge"), ("files", "a.txt", b"x"))
+    assert post_multipart(client, "/threads/t1/upload", body).status_code == 302
+    assert "on_conflict must be one of: replace, rename, reject" in text(client.get("/threads/t1"))
+    assert uploads.names("t1") == []
+
+
+def test_form_upload_with_an_empty_file_input_asks_for_a_file(
+    client: FlaskClient, uploads: UploadActions
+) -> None:
+    """What a browser sends when no file was chosen: one nameless, empty part."""
+    body = multipart_body(("on_conflict", None, b"replace"), ("files", "", b""))
+    assert post_multipart(client, "/threads/t1/upload", body).status_code == 302
+    assert "Choose a file." in text(client.get("/threads/t1"))
+    assert uploads.names("t1") == []
+
+
 # ---- Delete and rename ------------------------------------------------------------
 
 

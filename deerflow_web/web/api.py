@@ -12,20 +12,14 @@ from flask import request
 from flask import send_file
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
-from werkzeug.http import parse_options_header
 from werkzeug.http import parse_range_header
 
 from deerflow_web.errors import InvalidInput
-from deerflow_web.errors import InvalidOption
-from deerflow_web.errors import MissingFilesField
-from deerflow_web.errors import TotalTooLarge
 from deerflow_web.models import OnConflict
 from deerflow_web.services.artifacts import resolve_artifact
 from deerflow_web.services.upload_info import UploadInfoFormatter
 from deerflow_web.storage.paths import validate_thread_id
-from deerflow_web.web.multipart import MultipartReader
-from deerflow_web.web.request_body import WsgiBody
-from deerflow_web.web.request_body import request_body
+from deerflow_web.web.multipart import multipart_reader
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
@@ -45,14 +39,6 @@ def check_origin() -> None:
     refuse_cross_site(get_services().settings.allowed_origins)
 
 
-def _on_conflict(value: str | None) -> OnConflict:
-    try:
-        return OnConflict(value or OnConflict.REPLACE)
-    except ValueError:
-        choices = ", ".join(option.value for option in OnConflict)
-        raise InvalidOption(f"on_conflict must be one of: {choices}") from None
-
-
 def _query_bool(name: str) -> bool:
     raw = request.args.get(name)
     if raw is None:
@@ -65,20 +51,6 @@ def _query_bool(name: str) -> bool:
         ) from None
 
 
-def _multipart_reader() -> MultipartReader:
-    mimetype, options = parse_options_header(request.headers.get("Content-Type", ""))
-    boundary = options.get("boundary", "")
-    if mimetype != "multipart/form-data" or not boundary:
-        raise MissingFilesField()
-    length = request.content_length
-    if length is None:  # chunked transfer encoding: Werkzeug knows how to end it
-        return MultipartReader(WsgiBody(request.stream, None), boundary.encode("latin-1"))
-    limit = current_app.config.get("MAX_CONTENT_LENGTH")
-    if limit is not None and length > limit:
-        raise TotalTooLarge()  # hopeless before the first byte; the service counts the rest
-    return MultipartReader(request_body(request.environ, length), boundary.encode("latin-1"))
-
-
 def _formatter(thread_id: str) -> UploadInfoFormatter:
     return UploadInfoFormatter(
         thread_id, get_upload_service().uploads_dir(thread_id, current_user_id())
@@ -89,10 +61,12 @@ def _formatter(thread_id: str) -> UploadInfoFormatter:
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store the request's files in the thread's uploads folder, streaming each part."""
     validate_thread_id(thread_id)
-    reader = _multipart_reader()
+    reader = multipart_reader(request, current_app.config.get("MAX_CONTENT_LENGTH"))
     parts = iter(reader)
     first = next(parts)  # form fields sent before the first file are now in reader.fields
-    on_conflict = _on_conflict(request.args.get("on_conflict") or reader.fields.get("on_conflict"))
+    on_conflict = OnConflict.named(
+        request.args.get("on_conflict") or reader.fields.get("on_conflict"), OnConflict.REPLACE
+    )
     user_id = current_user_id()
     result = get_upload_service().save_uploads(
         thread_id, itertools.chain([first], parts), on_conflict=on_conflict, user_id=user_id
@@ -147,7 +121,7 @@ def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
     new_name = body.get("new_name") or body.get("name")
     if not isinstance(new_name, str) or not new_name:
         raise InvalidInput("Field required", ("body", "new_name"))
-    on_conflict = _on_conflict(body.get("on_conflict") or OnConflict.REJECT)
+    on_conflict = OnConflict.named(body.get("on_conflict"), OnConflict.REJECT)
     record = get_upload_service().rename_upload(
         thread_id, filename, new_name, on_conflict=on_conflict, user_id=current_user_id()
     )

@@ -28,6 +28,7 @@ from deerflow_web.services.file_list import build_listing
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.chat_forms import ChatPreviewForm
 from deerflow_web.web.chat_forms import ChatUploadForm
+from deerflow_web.web.extensions import csrf
 from deerflow_web.web.form_uploads import save_form_files
 from deerflow_web.web.forms import CsrfOnlyForm
 from deerflow_web.web.wiring import current_user_id
@@ -104,10 +105,11 @@ def preview_message(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.post("/threads/<thread_id>/chat/upload")
+@csrf.exempt  # save_form_files checks the token itself, without spooling the files
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store new files in the thread and come back with them attached to the message."""
     validate_thread_id(thread_id)
-    return _back(thread_id, attach=save_form_files(thread_id, ChatUploadForm()))
+    return _back(thread_id, attach=save_form_files(thread_id))
 
 
 @bp.post("/threads/<thread_id>/chat/clear")

@@ -3,15 +3,24 @@ reported to the person in flash messages."""
 
 from __future__ import annotations
 
+import itertools
+
+from flask import current_app
 from flask import flash
+from flask import request
 from flask_babel import gettext as _
 from flask_babel import ngettext
 from flask_wtf import FlaskForm
+from werkzeug.datastructures import ImmutableMultiDict
 
+from deerflow_web.errors import InvalidOption
+from deerflow_web.errors import MissingFilesField
 from deerflow_web.errors import UploadError
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
+from deerflow_web.web.extensions import csrf
 from deerflow_web.web.messages import describe_error
+from deerflow_web.web.multipart import multipart_reader
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_upload_service
 
@@ -23,24 +32,41 @@ def flash_form_errors(form: FlaskForm) -> None:
             flash(str(message), "error")
 
 
-def save_form_files(thread_id: str, form: FlaskForm) -> list[str]:
-    """Store a submitted form's `files`; return the names stored (none on any failure).
+def save_form_files(thread_id: str) -> list[str]:
+    """Store the files of an upload form as they stream in; return the names stored (none
+    on any failure).
 
-    The form's `on_conflict` choice applies when it has one; without it, an existing
-    name is replaced, as on the JSON API.
+    Werkzeug's form parser would first spool every file to a temporary file for the upload
+    service to copy again, and CSRFProtect runs that parser to find the token. So the
+    upload views are exempt from CSRFProtect and read the body with the API's streaming
+    reader: the templates put the token and the conflict choice before the file input, so
+    the token is checked before a byte of any file is written. A post whose token comes
+    only after its files is refused as one without a token. Errors found before the token
+    could be checked answer with an error page, not a flash, so a cross-site post cannot
+    even leave a message in the person's session.
     """
-    if not form.validate_on_submit():
-        flash_form_errors(form)
+    fields: dict[str, str] = {}
+    first: IncomingFile | None = None
+    try:
+        reader = multipart_reader(request, current_app.config.get("MAX_CONTENT_LENGTH"))
+        fields = reader.fields  # filled as the body is read
+        parts = iter(reader)
+        first = next(parts)
+    except MissingFilesField:
+        pass
+    _check_csrf_token(fields)
+    if first is None or not first.filename:  # an empty file input sends one nameless part
+        flash(_("Choose a file."), "error")
         return []
     service = get_upload_service()
-    incoming = [IncomingFile(f.filename or "", f.stream) for f in form.files.data]
-    choice = getattr(form, "on_conflict", None)
-    on_conflict = OnConflict(choice.data) if choice is not None else OnConflict.REPLACE
     try:
         result = service.save_uploads(
-            thread_id, incoming, on_conflict=on_conflict, user_id=current_user_id()
+            thread_id,
+            itertools.chain([first], parts),
+            on_conflict=OnConflict.named(fields.get("on_conflict"), OnConflict.REPLACE),
+            user_id=current_user_id(),
         )
-    except UploadError as error:
+    except (UploadError, InvalidOption) as error:
         flash(describe_error(error, service.limits), "error")
         return []
     count = len(result.files)
@@ -49,3 +75,14 @@ def save_form_files(thread_id: str, form: FlaskForm) -> list[str]:
         names = ", ".join(result.skipped_files)
         flash(_("Skipped because the name is unsafe: %(names)s", names=names), "error")
     return [saved.record.filename for saved in result.files]
+
+
+def _check_csrf_token(fields: dict[str, str]) -> None:
+    """Run CSRFProtect's own check on the fields sent before the files.
+
+    It looks for the token in `request.form`; setting that to these fields keeps Werkzeug
+    from parsing the rest of the body to build it. A failed check raises CSRFError (400).
+    """
+    if current_app.config["WTF_CSRF_ENABLED"]:
+        request.form = ImmutableMultiDict(fields)
+        csrf.protect()

@@ -16,12 +16,16 @@ from collections.abc import Iterator
 
 from werkzeug.datastructures import Headers
 from werkzeug.http import parse_options_header
+from werkzeug.wrappers import Request
 
 from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import MissingFilesField
+from deerflow_web.errors import TotalTooLarge
 from deerflow_web.models import IncomingFile
 from deerflow_web.web.request_body import CUT_OFF
 from deerflow_web.web.request_body import RequestBody
+from deerflow_web.web.request_body import WsgiBody
+from deerflow_web.web.request_body import request_body
 
 READ_SIZE = 1024 * 1024
 MAX_HEADER_BYTES = 16 * 1024
@@ -238,3 +242,17 @@ class MultipartReader:
             if len(data) > MAX_FIELD_BYTES:
                 raise MalformedUpload("A form field in the upload is too large")
         return data.decode("utf-8", "replace")
+
+
+def multipart_reader(request: Request, max_length: int | None) -> MultipartReader:
+    """The reader of an upload request's body, refused before reading when it cannot fit."""
+    mimetype, options = parse_options_header(request.headers.get("Content-Type", ""))
+    boundary = options.get("boundary", "").encode("latin-1")
+    if mimetype != "multipart/form-data" or not boundary:
+        raise MissingFilesField()
+    length = request.content_length
+    if length is None:  # chunked transfer encoding: Werkzeug knows how to end it
+        return MultipartReader(WsgiBody(request.stream, None), boundary)
+    if max_length is not None and length > max_length:
+        raise TotalTooLarge()  # hopeless before the first byte; the service counts the rest
+    return MultipartReader(request_body(request.environ, length), boundary)

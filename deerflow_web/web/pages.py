@@ -44,6 +44,7 @@ from deerflow_web.services.threads import list_threads
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web import helpers
 from deerflow_web.web.errors import status_for
+from deerflow_web.web.extensions import csrf
 from deerflow_web.web.form_uploads import flash_form_errors
 from deerflow_web.web.form_uploads import save_form_files
 from deerflow_web.web.forms import ConvertForm
@@ -122,10 +123,11 @@ def thread_files(thread_id: str) -> str:
 
 
 @bp.post("/threads/<thread_id>/upload")
+@csrf.exempt  # save_form_files checks the token itself, without spooling the files
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store the form's files (the no-JavaScript path; scripts use the JSON API)."""
     validate_thread_id(thread_id)
-    save_form_files(thread_id, UploadForm())
+    save_form_files(thread_id)
     return _back_to_thread(thread_id)
 
 
