@@ -282,6 +282,31 @@ def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> N
         server.wait()
 
 
+def test_client_gone_mid_upload_under_gunicorn_leaves_nothing(base_dir: Path) -> None:
+    """The body read straight from gunicorn's socket ends early: no file, server still up."""
+    port = free_port()
+    server = start_server(base_dir, port)
+    folder = uploads_dir(base_dir, "T")
+    try:
+        request = upload_request("cut.bin", os.urandom(3_000_000))
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(request[: len(request) // 2])
+            deadline = time.monotonic() + 10
+            while not (folder.exists() and os.listdir(folder)) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert [name.startswith(".upload-") for name in os.listdir(folder)] == [True]
+        deadline = time.monotonic() + 10
+        while folder.exists() and os.listdir(folder) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not folder.exists() or os.listdir(folder) == []
+        assert http(port, "GET", "/api/threads/T/uploads/list").endswith(
+            b'{"files":[],"count":0}\n'
+        )
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 WRITER = textwrap.dedent(
     """
     import io, sys
