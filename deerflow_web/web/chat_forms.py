@@ -41,6 +41,9 @@ class ChatPreviewForm(FlaskForm):
 
 
 class ChatUploadForm(FlaskForm):
-    """New files for the thread, attached to the next message once stored."""
+    """New files for the thread, attached to the next message once stored.
+
+    Only rendered: the post is read as a stream by `save_form_files`.
+    """
 
     files = MultipleFileField(_l("Files"), validators=[FileRequired(_l("Choose a file."))])

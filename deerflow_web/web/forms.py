@@ -40,7 +40,11 @@ def rename_conflict_choices() -> list[tuple[str, object]]:
 
 
 class UploadForm(FlaskForm):
-    """Several files at once, and what to do when a name is taken."""
+    """Several files at once, and what to do when a name is taken.
+
+    Only rendered: the post is read as a stream by `save_form_files`, which checks the
+    token and the choice itself (FileRequired still marks the input `required`).
+    """
 
     files = MultipleFileField(_l("Files"), validators=[FileRequired(_l("Choose a file."))])
     on_conflict = SelectField(
