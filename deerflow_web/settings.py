@@ -40,12 +40,32 @@ class ConversionSettings:
 
 
 @dataclass(frozen=True)
+class ResumableSettings:
+    """Resumable (tus) uploads: how long an unfinished one is kept, and from which size
+    the file manager sends a file that way."""
+
+    expiry_hours: float = 24.0
+    threshold_bytes: int = 8 * 1024 * 1024
+
+    @classmethod
+    def from_mapping(cls, uploads: Mapping[str, Any]) -> ResumableSettings:
+        """Read `uploads.resumable_*`; invalid values fall back with a warning."""
+        return cls(
+            expiry_hours=positive_setting(uploads, "resumable_expiry_hours", cls.expiry_hours),
+            threshold_bytes=positive_setting(
+                uploads, "resumable_threshold_bytes", cls.threshold_bytes
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the app and the agent side need to know about the installation."""
 
     base_dir: Path
     limits: UploadLimits = field(default_factory=UploadLimits)
     conversion: ConversionSettings = field(default_factory=ConversionSettings)
+    resumable: ResumableSettings = field(default_factory=ResumableSettings)
     allowed_origins: tuple[str, ...] = ()
     config_path: Path | None = None
 
@@ -160,6 +180,7 @@ def load_settings(
         base_dir=resolve_base_dir(base_dir or config.get("base_dir"), env),
         limits=UploadLimits.from_mapping(uploads),
         conversion=conversion_from_mapping(uploads),
+        resumable=ResumableSettings.from_mapping(uploads),
         allowed_origins=tuple(str(o).rstrip("/") for o in origins),
         config_path=path,
     )

@@ -13,6 +13,8 @@ from flask import current_app
 from deerflow_web.services.chat_preview import ChatPreviewService
 from deerflow_web.services.chat_preview import make_chat_preview_service
 from deerflow_web.services.conversions import ConversionJobs
+from deerflow_web.services.resumable import ResumableUploadService
+from deerflow_web.services.resumable import make_resumable_service
 from deerflow_web.services.uploads import UploadService
 from deerflow_web.services.uploads import make_upload_service
 from deerflow_web.settings import Settings
@@ -30,6 +32,9 @@ class Services:
         self.uploads: UploadService = make_upload_service(settings.base_dir, settings.limits)
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
+        self.resumable: ResumableUploadService = make_resumable_service(
+            self.uploads, expiry_hours=settings.resumable.expiry_hours
+        )
 
 
 def persistent_secret_key(base_dir: Path) -> str:
@@ -59,7 +64,10 @@ def persistent_secret_key(base_dir: Path) -> str:
 def init_app(app: Flask, settings: Settings) -> None:
     """Attach the services and clear what a killed server left half-written."""
     services = Services(settings)
-    sweep_staging_files(services.uploads.paths.iter_uploads_dirs())
+    services.resumable.sweep_expired()
+    sweep_staging_files(
+        services.uploads.paths.iter_uploads_dirs(), keep=services.resumable.is_live_staging
+    )
     services.conversions.fail_interrupted_jobs()
     app.extensions[EXTENSION_KEY] = services
 
