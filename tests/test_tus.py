@@ -550,3 +550,29 @@ def test_staging_file_removed_behind_the_apps_back_is_404(tus: TusActions, base_
     staging_files(base_dir, "t1")[0].unlink()
     assert tus.head(url).status_code == 404
     assert tus.patch(url, 0, DATA[:10]).status_code == 404
+
+
+def test_any_process_may_take_the_next_chunk(make_app: Any, base_dir: Path) -> None:
+    """Two app instances over one data dir stand for two server processes: the state is
+    in the database, and the commit hashes the bytes on disk when it saw only some go by."""
+    body = b"%PDF-1.4\n" + DATA
+    first = TusActions(make_app().test_client())
+    second = TusActions(make_app().test_client())
+    url = first.start("t1", len(body), filename="doc.pdf")
+    assert first.patch(url, 0, body[:100_000]).status_code == 204
+    assert second.offset(url) == 100_000
+    assert second.patch(url, 100_000, body[100_000:200_000]).status_code == 204
+    assert first.patch(url, 200_000, body[200_000:]).status_code == 204
+    listing = UploadActions(second._client).list("t1")["files"]
+    assert [(f["filename"], f["sha256"], f["content_type"]) for f in listing] == [
+        ("doc.pdf", hashlib.sha256(body).hexdigest(), "application/pdf")
+    ]
+
+
+def test_sha256_is_right_after_a_discarded_chunk(tus: TusActions, uploads: UploadActions) -> None:
+    url = tus.start("t1", len(DATA))
+    assert tus.patch(url, 0, DATA[:1000]).status_code == 204
+    wrong = "sha1 " + b64digest("sha1", b"other")
+    assert tus.patch(url, 1000, DATA[1000:9000], checksum=wrong).status_code == 460
+    assert tus.patch(url, 1000, DATA[1000:]).status_code == 204
+    assert uploads.list("t1")["files"][0]["sha256"] == hashlib.sha256(DATA).hexdigest()

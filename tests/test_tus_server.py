@@ -219,6 +219,7 @@ def test_tuspy_stops_after_20_chunks_and_a_new_client_resumes(
         metadata={"filename": "recording.bin"},
         store_url=True,
         url_storage=FileStorage(str(storage_path)),
+        upload_checksum=True,  # the rest goes with a checksum per chunk
     )
     assert second.url == first.url  # found in the stored URLs
     assert second.offset == 20 * MIB  # asked the server where to go on

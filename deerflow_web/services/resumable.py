@@ -17,7 +17,9 @@ import hashlib
 import logging
 import re
 import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import replace
@@ -52,6 +54,8 @@ from deerflow_web.storage.resumable import ResumableStaging
 from deerflow_web.storage.resumable import ResumableStore
 from deerflow_web.storage.resumable import SQLiteResumableStore
 from deerflow_web.storage.resumable import staging_name
+from deerflow_web.storage.sniff import SNIFF_BYTES
+from deerflow_web.storage.sniff import sniff_content_type
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +126,48 @@ def parse_metadata(header: str) -> dict[str, str]:
     return metadata
 
 
+@dataclass
+class _RunningDigest:
+    """The SHA-256 and first bytes of an upload's first `offset` bytes, as one process saw
+    them go by; spares reading the whole file again at the commit."""
+
+    offset: int
+    sha256: Any
+    head: bytearray
+
+
+class _DigestCache:
+    """Running digests of the uploads this process is receiving.
+
+    Only a shortcut: an entry is used when its offset is exactly where the next chunk
+    starts (bytes before a confirmed offset never change), and whenever it cannot be used
+    the commit hashes the file from disk. A client keeps its connection, and so its
+    process, between chunks, so the shortcut usually holds.
+    """
+
+    def __init__(self, size: int = 32) -> None:
+        self._entries: OrderedDict[str, _RunningDigest] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def take(self, upload_id: str, offset: int) -> _RunningDigest | None:
+        with self._lock:
+            entry = self._entries.pop(upload_id, None)
+        if offset == 0:
+            return _RunningDigest(0, hashlib.sha256(), bytearray())
+        return entry if entry is not None and entry.offset == offset else None
+
+    def put(self, upload_id: str, entry: _RunningDigest) -> None:
+        with self._lock:
+            self._entries[upload_id] = entry
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def drop(self, upload_id: str) -> None:
+        with self._lock:
+            self._entries.pop(upload_id, None)
+
+
 @dataclass(frozen=True)
 class AppendOutcome:
     """Where an upload stands after a PATCH, and the committed file once it is complete."""
@@ -145,6 +191,7 @@ class ResumableUploadService:
         self.store = store
         self.expiry_seconds = expiry_seconds
         self._clock = clock
+        self._digests = _DigestCache()
 
     @property
     def max_size(self) -> int:
@@ -354,6 +401,7 @@ class ResumableUploadService:
         expected = checksum.digest if checksum else b""
         if checksum is not None:
             self.store.update(upload.upload_id, offset=start, pending_from=start)
+        running = self._digests.take(upload.upload_id, start)
         buffer = bytearray(READ_SIZE)
         view = memoryview(buffer)
         position = start
@@ -367,6 +415,10 @@ class ResumableUploadService:
                 position += count
                 if digest is not None:
                     digest.update(piece)
+                if running is not None:
+                    running.sha256.update(piece)
+                    if len(running.head) < SNIFF_BYTES:
+                        running.head += piece[: SNIFF_BYTES - len(running.head)]
                 if cut_off is not None:
                     raise cut_off
                 if count < len(view):
@@ -374,6 +426,7 @@ class ResumableUploadService:
             if checksum is not None and digest.digest() != expected:
                 raise ChecksumMismatch(checksum.algorithm)
         except BaseException as error:
+            # The running digest may have seen bytes that are now cut off again.
             keep = start if digest is not None or isinstance(error, PastUploadLength) else position
             staging.truncate(keep)  # also drops a partly written piece
             self.store.update(upload.upload_id, offset=keep, pending_from=None)
@@ -388,12 +441,20 @@ class ResumableUploadService:
             pending_from=None,
             expires_at=self._clock() + self.expiry_seconds,
         )
+        if running is not None:
+            running.offset = position
+            self._digests.put(upload.upload_id, running)
         return position
 
     def _complete(self, upload: ResumableUpload, staging: ResumableStaging) -> UploadResult:
         """Commit the finished file like a multipart part; the upload is gone either way."""
+        running = self._digests.take(upload.upload_id, upload.length)
         try:
-            sha256, content_type = hash_and_sniff(staging.path)
+            if running is not None and upload.length > 0:
+                sha256 = running.sha256.hexdigest()
+                content_type = sniff_content_type(bytes(running.head), upload.filename)
+            else:
+                sha256, content_type = hash_and_sniff(staging.path)
             staging.make_readable()
             return self.uploads.commit_staged(
                 upload.thread_id,
