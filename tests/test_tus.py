@@ -576,3 +576,20 @@ def test_sha256_is_right_after_a_discarded_chunk(tus: TusActions, uploads: Uploa
     assert tus.patch(url, 1000, DATA[1000:9000], checksum=wrong).status_code == 460
     assert tus.patch(url, 1000, DATA[1000:]).status_code == 204
     assert uploads.list("t1")["files"][0]["sha256"] == hashlib.sha256(DATA).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/api/threads/t1/uploads/tus"), ("PUT", "/api/threads/t1/uploads/tus/" + "0" * 32)],
+)
+def test_unsupported_methods_are_405_and_still_speak_tus(
+    client: FlaskClient, method: str, path: str
+) -> None:
+    response = client.open(path, method=method, headers=TUS)
+    assert response.status_code == 405
+    assert response.headers["Tus-Resumable"] == "1.0.0"
+    assert response.get_json() == {"detail": "Method Not Allowed"}
+
+
+def test_other_api_routes_do_not_speak_tus(client: FlaskClient) -> None:
+    assert "Tus-Resumable" not in client.get("/api/threads/t1/uploads/list").headers

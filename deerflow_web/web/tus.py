@@ -7,6 +7,8 @@ response says `Tus-Resumable: 1.0.0`, errors included; a request that does not s
 
 from __future__ import annotations
 
+import re
+
 from flask import Blueprint
 from flask import Response
 from flask import request
@@ -36,6 +38,7 @@ TUS_EXTENSIONS = "creation,termination,checksum,expiration"
 CHUNK_TYPE = "application/offset+octet-stream"
 UPLOADS = "/threads/<thread_id>/uploads/tus"
 UPLOAD = "/threads/<thread_id>/uploads/tus/<upload_id>"
+_TUS_PATH = re.compile(r"/api/threads/[^/]+/uploads/tus(?:/|$)")
 
 
 def _service() -> ResumableUploadService:
@@ -50,9 +53,12 @@ def check_request() -> None:
         raise TusVersionMissing()
 
 
-@bp.after_request
+@bp.after_app_request
 def add_tus_headers(response: Response) -> Response:
-    """Every tus response, errors too, names the protocol version it speaks."""
+    """Every tus response, errors too (routing's 404 and 405 among them), names the
+    protocol version it speaks."""
+    if request.blueprint != bp.name and not _TUS_PATH.match(request.path):
+        return response
     response.headers["Tus-Resumable"] = TUS_VERSION
     if response.status_code == 412:
         response.headers["Tus-Version"] = TUS_VERSION
