@@ -593,3 +593,19 @@ def test_unsupported_methods_are_405_and_still_speak_tus(
 
 def test_other_api_routes_do_not_speak_tus(client: FlaskClient) -> None:
     assert "Tus-Resumable" not in client.get("/api/threads/t1/uploads/list").headers
+
+
+def test_a_link_that_took_the_name_meanwhile_is_never_written_through(
+    tus: TusActions, base_dir: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"keep me")
+    url = tus.start("t1", 3, filename="a.txt")
+    (uploads_dir(base_dir, "t1") / "a.txt").symlink_to(outside)
+    response = tus.patch(url, 0, b"new")
+    assert response.status_code == 400
+    assert "cannot be stored" in response.get_json()["detail"]
+    assert outside.read_bytes() == b"keep me"
+    assert (uploads_dir(base_dir, "t1") / "a.txt").is_symlink()
+    assert staging_files(base_dir, "t1") == []
+    assert tus.head(url).status_code == 404
