@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from io import BytesIO
 from pathlib import Path
@@ -315,25 +313,3 @@ def test_bulk_delete_reports_each_name(service: UploadService) -> None:
 
 
 # ---- Import boundaries (STYLE R2) ------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "module",
-    (
-        "deerflow_web.services.files.browse",
-        "deerflow_web.services.uploads.bulk_delete",
-        "deerflow_web.services.files.listing",
-        "deerflow_web.services.files.list_query",
-        "deerflow_web.services.files.markdown_render",
-        "deerflow_web.services.files.preview",
-        "deerflow_web.services.files.sizes",
-        "deerflow_web.services.uploads.threads",
-    ),
-)
-def test_page_services_do_not_import_flask(module: str) -> None:
-    code = f"import sys, {module}; print('flask' in sys.modules)"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
-    )
-    assert result.stdout.strip() == "False"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -237,14 +235,3 @@ def test_context_files_for_records_folds_companions_into_their_original(tmp_path
 def test_a_companion_whose_original_is_gone_is_listed_itself(tmp_path: Path) -> None:
     files = context_files_for(tmp_path, [_record("a.md", converted_from="a.pdf")])
     assert [file.filename for file in files] == ["a.md"]
-
-
-def test_the_builder_imports_neither_langchain_nor_flask() -> None:
-    code = (
-        "import sys, deerflow_web.services.prompt.context_block; "
-        "print('langchain_core' in sys.modules, 'flask' in sys.modules)"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "False False"

@@ -369,6 +369,7 @@ def test_allowed_origins_from_config(base_dir: Path, tmp_path: Path, make_app) -
         headers={"Origin": "http://ui.example:3000"},
     )
     assert response.status_code == 200
+    assert (uploads_dir(base_dir, "T") / "a.txt").read_bytes() == b"x"
 
 
 def test_records_cache_sees_writes_of_other_processes(base_dir: Path) -> None:

@@ -123,6 +123,7 @@ def test_delete_never_removes_a_md_the_user_uploaded(
 def test_delete_of_a_directory_is_not_found(uploads: UploadActions, base_dir: Path) -> None:
     (on_disk(base_dir) / "d").mkdir()
     assert uploads.delete("T", "d").status_code == 404
+    assert (on_disk(base_dir) / "d").is_dir()
 
 
 def test_delete_never_follows_a_symlink(

@@ -133,6 +133,7 @@ def test_too_many_files(uploads: UploadActions, base_dir: Path) -> None:
 def test_max_files_from_config(make_app) -> None:
     actions = UploadActions(make_app(uploads={"max_files": 1}).test_client())
     assert actions.upload("T", (b"a", "a.txt"), (b"b", "b.txt")).status_code == 413
+    assert actions.names("T") == []
 
 
 def test_file_too_large(make_app, base_dir: Path) -> None:
@@ -157,6 +158,7 @@ def test_total_too_large_removes_everything_of_the_request(make_app, base_dir: P
 def test_total_exactly_at_the_limit(make_app) -> None:
     actions = UploadActions(make_app(uploads={"max_total_size": 6}).test_client())
     assert actions.upload("T", (b"abc", "first.txt"), (b"def", "second.txt")).status_code == 200
+    assert actions.names("T") == ["first.txt", "second.txt"]
 
 
 def test_per_file_limit_wins_over_total(make_app) -> None:
@@ -333,6 +335,7 @@ def test_missing_files_field_is_a_validation_error(client, base_dir: Path) -> No
 def test_not_multipart_is_a_validation_error(client) -> None:
     response = client.post("/api/threads/T/uploads", json={"files": []})
     assert response.status_code == 422
+    assert UploadActions(client).names("T") == []
 
 
 @pytest.mark.parametrize(
