@@ -186,6 +186,11 @@ class StorageFailure(DeerFlowError):
     """An unexpected I/O error; the operation was rolled back and may be retried."""
 
 
+class FileAccessError(DeerFlowError):
+    """A file request the model can correct (missing, binary, outside, malformed); the
+    agent tools hand its message back to the model instead of failing the run."""
+
+
 class ResumableError(UploadError):
     """Base class for refusals of the resumable (tus) upload protocol (SPEC 8)."""
 

@@ -9,18 +9,17 @@
  * resumable threshold go through resumable.js (tus) one by one instead, each its own upload,
  * so the per-request count and total limits do not apply to them.
  */
-(function () {
-  "use strict";
+import { csrfToken, detailOf, formatSize, showDialog, t } from "./common.js";
+import { refreshList } from "./files.js";
+import { resumableUploads } from "./resumable.js";
 
+function init() {
   var root = document.getElementById("file-manager");
   var form = document.getElementById("upload-form");
-  var shared = window.DeerflowFiles;
-  var resumable = window.DeerflowResumable || null;
-  if (!root || !form || !shared) {
+  var resumable = resumableUploads(root);
+  if (!root || !form) {
     return;
   }
-  var t = shared.t;
-  var formatSize = shared.formatSize;
 
   var input = document.getElementById("file-input");
   var zone = document.getElementById("drop-zone");
@@ -264,25 +263,16 @@
       });
       box.appendChild(fieldset);
     });
-    return new Promise(function (resolve) {
-      dialog.addEventListener(
-        "close",
-        function () {
-          if (dialog.returnValue !== "confirm") {
-            resolve(null);
-            return;
-          }
-          var choices = new Map();
-          conflicts.forEach(function (entry, index) {
-            var checked = box.querySelector('input[name="conflict-' + index + '"]:checked');
-            choices.set(entry, checked ? checked.value : "replace");
-          });
-          resolve(choices);
-        },
-        { once: true }
-      );
-      dialog.returnValue = "";
-      dialog.showModal();
+    return showDialog(dialog).then(function (confirmed) {
+      if (!confirmed) {
+        return null;
+      }
+      var choices = new Map();
+      conflicts.forEach(function (entry, index) {
+        var checked = box.querySelector('input[name="conflict-' + index + '"]:checked');
+        choices.set(entry, checked ? checked.value : "replace");
+      });
+      return choices;
     });
   }
 
@@ -324,7 +314,7 @@
       var url = root.getAttribute("data-upload-url") + "?on_conflict=" + encodeURIComponent(onConflict);
       xhr.open("POST", url);
       xhr.setRequestHeader("Accept", "application/json");
-      xhr.setRequestHeader("X-CSRFToken", shared.csrfToken);
+      xhr.setRequestHeader("X-CSRFToken", csrfToken);
       xhr.upload.addEventListener("progress", function (event) {
         if (!event.lengthComputable) {
           return;
@@ -352,7 +342,7 @@
           });
           resolve(body);
         } else {
-          reject(new Error(shared.detailOf(body, xhr.statusText || String(xhr.status))));
+          reject(new Error(detailOf(body, xhr.statusText || String(xhr.status))));
         }
       });
       xhr.addEventListener("error", function () {
@@ -529,7 +519,7 @@
       pending = [];
       render();
     }
-    shared.refreshList().then(function () {
+    refreshList().then(function () {
       status.textContent = message;
     });
     status.textContent = message;
@@ -541,4 +531,6 @@
       start();
     }
   });
-})();
+}
+
+init();

@@ -13,13 +13,11 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
-import threading
-from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Protocol
 
 from deerflow_web.models import ResumableUpload
+from deerflow_web.storage.sqlite import ThreadConnections
 
 STAGING_PREFIX = ".upload-tus-"
 STAGING_SUFFIX = ".part"
@@ -108,26 +106,12 @@ class SQLiteResumableStore:
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
-        self._local = threading.local()
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect_new()) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
-
-    def _connect_new(self) -> sqlite3.Connection:
-        db = sqlite3.connect(
-            self.db_path, timeout=60, isolation_level=None, check_same_thread=False
-        )
-        db.execute("PRAGMA busy_timeout = 60000")
-        db.execute("PRAGMA synchronous = NORMAL")
-        return db
+        self._connections = ThreadConnections(db_path, SCHEMA)
+        self._connections.prepare()
 
     def _db(self) -> sqlite3.Connection:
-        """One connection per thread: sqlite3 connections are not shared across threads."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = self._connect_new()
-        return db
+        """This thread's connection (sqlite3 connections are not shared across threads)."""
+        return self._connections.get()
 
     def add(self, upload: ResumableUpload) -> None:
         """Record a new upload."""
@@ -197,10 +181,7 @@ class SQLiteResumableStore:
 
     def close(self) -> None:
         """Close this thread's connection (tests open many stores)."""
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        self._connections.close()
 
 
 class ResumableStaging:
@@ -254,13 +235,6 @@ class ResumableStaging:
     def truncate(self, size: int) -> None:
         """Cut the file back to `size` bytes (a refused chunk leaves no trace)."""
         os.ftruncate(self._fd, size)
-
-    def readable_chunks(self, chunk_size: int) -> Iterator[bytes]:
-        """The file from its start, for hashing the finished upload."""
-        offset = 0
-        while chunk := os.pread(self._fd, chunk_size, offset):
-            offset += len(chunk)
-            yield chunk
 
     def make_readable(self) -> None:
         """Committed files are readable by a sandbox user, like multipart ones."""

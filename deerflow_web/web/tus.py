@@ -20,10 +20,9 @@ from deerflow_web.errors import InvalidTusRequest
 from deerflow_web.errors import TusVersionMissing
 from deerflow_web.errors import UnsupportedChunkType
 from deerflow_web.models import ResumableUpload
-from deerflow_web.services.resumable import CHECKSUM_ALGORITHMS
-from deerflow_web.services.resumable import AppendOutcome
-from deerflow_web.services.resumable import Checksum
-from deerflow_web.services.resumable import ResumableUploadService
+from deerflow_web.services.uploads.resumable import CHECKSUM_ALGORITHMS
+from deerflow_web.services.uploads.resumable import Checksum
+from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.request_body import WsgiBody
 from deerflow_web.web.request_body import request_body
@@ -79,14 +78,6 @@ def _progress_headers(upload: ResumableUpload) -> dict[str, str]:
     }
 
 
-def _after_commit(thread_id: str, outcome: AppendOutcome) -> None:
-    """The opt-in automatic conversion runs after a tus commit as after a multipart one."""
-    if outcome.result is not None:
-        get_services().conversions.convert_after_upload(
-            thread_id, outcome.result, user_id=current_user_id()
-        )
-
-
 @bp.route(UPLOADS, methods=["OPTIONS"])
 def server_options(thread_id: str) -> ResponseReturnValue:
     """What this tus server supports."""
@@ -111,7 +102,6 @@ def create_upload(thread_id: str) -> ResponseReturnValue:
         request.headers.get("Upload-Metadata", ""),
         user_id=current_user_id(),
     )
-    _after_commit(thread_id, outcome)
     location = url_for("tus.upload_status", thread_id=thread_id, upload_id=outcome.upload.upload_id)
     headers = {"Location": location, **_progress_headers(outcome.upload)}
     return Response(status=201, headers=headers)
@@ -154,7 +144,6 @@ def upload_chunk(thread_id: str, upload_id: str) -> ResponseReturnValue:
         checksum=checksum,
         user_id=current_user_id(),
     )
-    _after_commit(thread_id, outcome)
     return Response(status=204, headers=_progress_headers(outcome.upload))
 
 
