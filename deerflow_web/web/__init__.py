@@ -51,12 +51,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web import api
     from deerflow_web.web import chat
     from deerflow_web.web import pages
-    from deerflow_web.web import tus
 
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
-    csrf.exempt(tus.bp)  # tus clients send no form token; the same origin check applies
     app.register_blueprint(api.bp)
-    app.register_blueprint(tus.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(chat.bp)
     app.after_request(add_security_headers)

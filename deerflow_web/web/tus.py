@@ -2,7 +2,8 @@
 
 Core protocol plus the creation, termination, checksum and expiration extensions. Every
 response says `Tus-Resumable: 1.0.0`, errors included; a request that does not say it
-(OPTIONS aside) is refused with 412 before anything else happens.
+(OPTIONS aside) is refused with 412. The blueprint is nested in the API's (`api.tus`), so
+the API's own request checks run first.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.request_body import WsgiBody
 from deerflow_web.web.request_body import request_body
-from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 
-bp = Blueprint("tus", __name__, url_prefix="/api")
+bp = Blueprint("tus", __name__)
 
 TUS_VERSION = "1.0.0"
 TUS_EXTENSIONS = "creation,termination,checksum,expiration"
@@ -45,9 +45,8 @@ def _service() -> ResumableUploadService:
 
 
 @bp.before_request
-def check_request() -> None:
-    """Refuse cross-site writes (as the JSON API does), then clients that do not speak tus."""
-    refuse_cross_site(get_services().settings.allowed_origins)
+def check_version() -> None:
+    """Refuse clients that do not speak tus 1.0.0."""
     if request.method != "OPTIONS" and request.headers.get("Tus-Resumable") != TUS_VERSION:
         raise TusVersionMissing()
 
@@ -56,7 +55,7 @@ def check_request() -> None:
 def add_tus_headers(response: Response) -> Response:
     """Every tus response, errors too (routing's 404 and 405 among them), names the
     protocol version it speaks."""
-    if request.blueprint != bp.name and not _TUS_PATH.match(request.path):
+    if not _TUS_PATH.match(request.path):
         return response
     response.headers["Tus-Resumable"] = TUS_VERSION
     if response.status_code == 412:
@@ -102,7 +101,7 @@ def create_upload(thread_id: str) -> ResponseReturnValue:
         request.headers.get("Upload-Metadata", ""),
         user_id=current_user_id(),
     )
-    location = url_for("tus.upload_status", thread_id=thread_id, upload_id=outcome.upload.upload_id)
+    location = url_for(".upload_status", thread_id=thread_id, upload_id=outcome.upload.upload_id)
     headers = {"Location": location, **_progress_headers(outcome.upload)}
     return Response(status=201, headers=headers)
 
