@@ -609,3 +609,10 @@ def test_a_link_that_took_the_name_meanwhile_is_never_written_through(
     assert (uploads_dir(base_dir, "t1") / "a.txt").is_symlink()
     assert staging_files(base_dir, "t1") == []
     assert tus.head(url).status_code == 404
+
+
+def test_tus_clients_need_no_form_token(make_app: Any) -> None:
+    """Like the rest of the API, tus resists cross-site requests by origin, not by token."""
+    tus = TusActions(make_app(WTF_CSRF_ENABLED=True).test_client())
+    url = tus.start("t1", 3, filename="a.txt")
+    assert tus.patch(url, 0, b"abc").status_code == 204
