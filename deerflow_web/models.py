@@ -141,7 +141,9 @@ class UploadRecord:
 
     The directory holds the bytes; this record is the single source of truth for what the
     app knows about them. `converted_from` marks a conversion companion; the original's
-    companion is found through that link, so the relation is stored once.
+    companion is found through that link, so the relation is stored once. A companion's
+    `source_sha256` is the original's content it was made from: when the original's bytes
+    change (even behind the app's back), the companion no longer describes them.
     """
 
     filename: str
@@ -155,6 +157,7 @@ class UploadRecord:
     converted_from: str | None = None
     conversion_state: ConversionState | None = None
     conversion_error: str | None = None
+    source_sha256: str | None = None
 
     @property
     def extension(self) -> str:

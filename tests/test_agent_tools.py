@@ -649,9 +649,9 @@ def test_grep_stops_a_pattern_that_would_backtrack_for_hours(
 ) -> None:
     import time
 
-    from deerflow_web.agent import file_access
-    from deerflow_web.agent.file_access import FileAccessError
-    from deerflow_web.agent.file_access import UserDataFiles
+    from deerflow_web.services import tool_files as file_access
+    from deerflow_web.services.tool_files import FileAccessError
+    from deerflow_web.services.tool_files import UserDataFiles
     from deerflow_web.storage.paths import ThreadPaths
 
     paths = ThreadPaths(tmp_path)
