@@ -22,10 +22,12 @@ from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import CONVERTIBLE_EXTENSIONS
 from deerflow_web.models import ConversionState
+from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.models import suffix_of
 from deerflow_web.services.conversions import INTERRUPTED
 from deerflow_web.services.conversions import ConversionJobs
+from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.sniff import sniff_content_type
 
@@ -66,14 +68,26 @@ def current_companion(
 ) -> UploadRecord | None:
     """The companion that describes the document's bytes as they are now, if any.
 
-    A companion records the SHA-256 of the document it was made from; one made before that
-    was recorded counts while the document's conversion is marked done.
+    A companion records the SHA-256 of the document it was made from. One made before that
+    was recorded counts while the document's conversion is marked done; a `.md` found on
+    disk under DeerFlow's companion name (its own converter writes `X.md` next to `X.pdf`)
+    counts as the outline counts it, so the outline and `read_file` read the same text.
     """
     for other in records:
         if other.converted_from != record.filename:
             continue
-        if other.source_sha256 == record.sha256 or (
-            other.source_sha256 is None and record.conversion_state is ConversionState.DONE
+        if other.source_sha256 == record.sha256:
+            return other
+        if other.source_sha256 is None and (
+            record.conversion_state is ConversionState.DONE or other.source is RecordSource.DISK
+        ):
+            return other
+    by_name = companion_name(record.filename)
+    for other in records:
+        if (
+            other.filename == by_name
+            and other.source is RecordSource.DISK
+            and other.converted_from is None
         ):
             return other
     return None
