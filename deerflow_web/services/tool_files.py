@@ -390,7 +390,6 @@ class UserDataFiles:
             compiled = regex.compile(pattern)
         except regex.error as error:
             raise FileAccessError(f"Invalid regular expression: {error}") from error
-        deadline = time.monotonic() + GREP_SECONDS
         limit = min(max(max_results, 1), MAX_GREP_RESULTS)
         name_matcher = compile_glob(file_glob) if file_glob else None
         by_name = file_glob is not None and "/" not in file_glob
@@ -407,6 +406,7 @@ class UserDataFiles:
                     continue
             targets.append(walked)
         texts = self._grep_texts(targets, skipped)
+        deadline = time.monotonic() + GREP_SECONDS  # after any wait for conversions
         for walked in targets:
             text_path = texts.get(walked.virtual_path, walked.real_path)
             if text_path is None:

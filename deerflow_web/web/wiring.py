@@ -13,6 +13,7 @@ from flask import current_app
 from deerflow_web.services.chat_preview import ChatPreviewService
 from deerflow_web.services.chat_preview import make_chat_preview_service
 from deerflow_web.services.conversions import ConversionJobs
+from deerflow_web.services.tool_preview import ToolPreviewService
 from deerflow_web.services.uploads import UploadService
 from deerflow_web.services.uploads import make_upload_service
 from deerflow_web.settings import Settings
@@ -30,6 +31,9 @@ class Services:
         self.uploads: UploadService = make_upload_service(settings.base_dir, settings.limits)
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
+        self.tool_previews = ToolPreviewService(
+            self.conversions, settings.agent.read_conversion_wait_seconds
+        )
 
 
 def persistent_secret_key(base_dir: Path) -> str:
@@ -77,6 +81,11 @@ def get_upload_service() -> UploadService:
 def get_chat_preview_service() -> ChatPreviewService:
     """The chat preview service of the current app."""
     return get_services().chat_previews
+
+
+def get_tool_preview_service() -> ToolPreviewService:
+    """The service that shows what the agent's file tools return."""
+    return get_services().tool_previews
 
 
 def current_user_id() -> str | None:
