@@ -44,6 +44,12 @@ def _loaded_after_import(module: str, candidates: tuple[str, ...]) -> list[str]:
         ("deerflow_web.storage.previews", "flask"),
         ("deerflow_web.web.chat", "deerflow_web.agent"),
         ("deerflow_web.web.chat", "langchain_core"),
+        ("deerflow_web.services.tool_preview", "flask"),
+        ("deerflow_web.services.tool_preview", "langchain_core"),
+        ("deerflow_web.services.tool_files", "flask"),
+        ("deerflow_web.services.tool_files", "langchain_core"),
+        ("deerflow_web.services.document_text", "flask"),
+        ("deerflow_web.services.document_text", "langchain_core"),
     ],
 )
 def test_module_does_not_import(module: str, forbidden: str) -> None:
