@@ -85,7 +85,12 @@ Number = TypeVar("Number", int, float)
 
 
 def positive_setting(
-    section: Mapping[str, object], key: str, default: Number, *, alias: str | None = None
+    section: Mapping[str, object],
+    key: str,
+    default: Number,
+    *,
+    alias: str | None = None,
+    section_name: str = "uploads",
 ) -> Number:
     """`section[key]` (else `section[alias]`) as a positive number of `default`'s type.
 
@@ -102,7 +107,9 @@ def positive_setting(
     except (TypeError, ValueError):
         value = type(default)(0)
     if isinstance(raw, bool) or value <= 0:
-        logger.warning("uploads.%s=%r is not a positive number; using %s", key, raw, default)
+        logger.warning(
+            "%s.%s=%r is not a positive number; using %s", section_name, key, raw, default
+        )
         return default
     return value
 

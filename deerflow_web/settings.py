@@ -105,8 +105,12 @@ def conversion_from_mapping(
         ),
         wait_seconds=positive_setting(uploads, "conversion_wait_seconds", defaults.wait_seconds),
         workers=positive_setting(uploads, "conversion_workers", defaults.workers),
-        max_output_bytes=positive_setting(conversion, "max_output_bytes", max_file_size),
-        max_queued=positive_setting(conversion, "max_queued", defaults.max_queued),
+        max_output_bytes=positive_setting(
+            conversion, "max_output_bytes", max_file_size, section_name="conversion"
+        ),
+        max_queued=positive_setting(
+            conversion, "max_queued", defaults.max_queued, section_name="conversion"
+        ),
     )
 
 
@@ -115,7 +119,10 @@ def agent_from_mapping(agent: Mapping[str, Any]) -> AgentSettings:
     defaults = AgentSettings()
     return AgentSettings(
         read_conversion_wait_seconds=positive_setting(
-            agent, "read_conversion_wait_seconds", defaults.read_conversion_wait_seconds
+            agent,
+            "read_conversion_wait_seconds",
+            defaults.read_conversion_wait_seconds,
+            section_name="agent",
         )
     )
 
