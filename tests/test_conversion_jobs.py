@@ -182,7 +182,10 @@ def test_result_of_a_file_replaced_meanwhile_is_dropped(service, base_dir: Path)
 # --- HTTP surface, with the real isolated converter on generated documents -------------------
 
 
-def test_convert_endpoint_with_a_real_docx(uploads: UploadActions, client, tmp_path: Path) -> None:
+def test_convert_endpoint_with_a_real_docx(make_app, tmp_path: Path) -> None:
+    # A generous wait: this asserts the answer of a finished job, not the machine's speed.
+    client = make_app(uploads={"conversion_wait_seconds": 120}).test_client()
+    uploads = UploadActions(client)
     docx = make_docx(tmp_path / "q.docx", title="Quarterly Report")
     uploads.upload("T", (docx.read_bytes(), "q.docx"))
     response = client.post("/api/threads/T/uploads/q.docx/convert")
@@ -200,7 +203,9 @@ def test_convert_endpoint_with_a_real_docx(uploads: UploadActions, client, tmp_p
     markdown.close()
 
 
-def test_convert_endpoint_errors(uploads: UploadActions, client, tmp_path: Path) -> None:
+def test_convert_endpoint_errors(make_app, tmp_path: Path) -> None:
+    client = make_app(uploads={"conversion_wait_seconds": 120}).test_client()
+    uploads = UploadActions(client)
     uploads.upload(
         "T",
         (b"a,b\n1,2\n", "data.csv"),
@@ -237,7 +242,9 @@ def test_no_conversion_at_upload_by_default(
 
 
 def test_automatic_conversion_when_configured(make_app, base_dir: Path, tmp_path: Path) -> None:
-    client = make_app(uploads={"auto_convert_documents": True}).test_client()
+    client = make_app(
+        uploads={"auto_convert_documents": True, "conversion_wait_seconds": 120}
+    ).test_client()
     docx = make_docx(tmp_path / "r.docx", title="Board Minutes")
     body = UploadActions(client).upload("T", (b"USER", "r.md"), (docx.read_bytes(), "r.docx"))
     entries = body.get_json()["files"]
