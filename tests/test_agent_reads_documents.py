@@ -31,9 +31,9 @@ from deerflow_web.agent import make_read_file_tool
 from deerflow_web.agent import make_upload_middleware
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
-from deerflow_web.services.conversions import ConversionJobs
-from deerflow_web.services.uploads import UploadService
-from deerflow_web.services.uploads import make_upload_service
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 from tests.agent_helpers import human_with_files
 from tests.agent_helpers import make_runtime

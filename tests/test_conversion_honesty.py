@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deerflow_web.errors import ConversionError
-from deerflow_web.services.conversion import convert_to_markdown
+from deerflow_web.services.conversion.runner import convert_to_markdown
 from tests.documents import make_docx
 from tests.documents import make_pdf
 

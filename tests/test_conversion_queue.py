@@ -13,8 +13,8 @@ import yaml
 
 from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.models import IncomingFile
-from deerflow_web.services.conversions import ConversionJobs
-from deerflow_web.services.uploads import make_upload_service
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 from deerflow_web.settings import load_settings
 from deerflow_web.web import create_app

@@ -32,6 +32,7 @@ from langchain_core.tools import ToolException
 from langchain_core.tools import tool
 
 from deerflow_web.agent.messages import state_value
+from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.runtime import user_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
@@ -40,14 +41,14 @@ from deerflow_web.agent.uploads_source import list_records
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
-from deerflow_web.services.conversions import ConversionJobs
-from deerflow_web.services.document_text import DocumentTexts
-from deerflow_web.services.tool_files import FileToolFailure
-from deerflow_web.services.tool_files import UserDataFiles
-from deerflow_web.services.tool_files import run_file_tool
-from deerflow_web.services.upload_listing import list_uploaded_files_result
-from deerflow_web.services.uploads import UploadService
-from deerflow_web.services.uploads import make_upload_service
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.prompt.document_text import DocumentTexts
+from deerflow_web.services.prompt.file_access import FileToolFailure
+from deerflow_web.services.prompt.file_access import UserDataFiles
+from deerflow_web.services.prompt.file_access import run_file_tool
+from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
+from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.storage.paths import ThreadPaths
 
 logger = logging.getLogger(__name__)
@@ -56,16 +57,6 @@ Result = TypeVar("Result")
 
 NO_RUNTIME = "No runtime context available."
 THREAD_NOT_FOUND = "Thread not found."
-
-
-def _paths(base_dir: str | os.PathLike[str] | None, paths: ThreadPaths | None) -> ThreadPaths:
-    if paths is not None:
-        return paths
-    if base_dir is not None:
-        return ThreadPaths(base_dir)
-    from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
-
-    return ThreadPaths(load_settings().base_dir)
 
 
 class DocumentSource:
@@ -163,7 +154,7 @@ def make_list_uploaded_files_tool(
         upload_service: Source of upload records; None derives them from the folder.
         paths: A ready `ThreadPaths` (wins over base_dir).
     """
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
     lister: UploadLister = upload_service or DirectoryUploadLister(thread_paths)
 
     @tool(parse_docstring=True)
@@ -231,7 +222,7 @@ def make_read_file_tool(
             `agent.read_conversion_wait_seconds`.
         documents: A `DocumentSource` shared with `grep` (wins over the three above).
     """
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
     source = documents or DocumentSource(
         thread_paths,
         upload_service=upload_service,
@@ -274,7 +265,7 @@ def make_glob_tool(
     *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
 ) -> BaseTool:
     """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
 
     @tool(parse_docstring=True)
     def glob(
@@ -312,7 +303,7 @@ def make_grep_tool(
     Documents are searched through their Markdown text, as `read_file` reads them; the
     arguments are `make_read_file_tool`'s.
     """
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
     source = documents or DocumentSource(
         thread_paths,
         upload_service=upload_service,
@@ -372,7 +363,7 @@ def make_file_tools(
         read_wait_seconds: How long `read_file` and `grep` wait for a conversion; None
             uses `agent.read_conversion_wait_seconds`.
     """
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
     documents = DocumentSource(
         thread_paths,
         upload_service=upload_service,
