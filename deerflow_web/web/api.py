@@ -20,6 +20,7 @@ from deerflow_web.services.artifacts import resolve_artifact
 from deerflow_web.services.upload_info import UploadInfoFormatter
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.multipart import multipart_reader
+from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
@@ -160,7 +161,7 @@ def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
 
 @bp.get("/threads/<thread_id>/artifacts/<path:virtual_path>")
 def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
-    """Send one file of the thread's user-data folder; active content only as a download."""
+    """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
     validate_thread_id(thread_id)
     download = _query_bool("download")
     artifact = resolve_artifact(
@@ -171,7 +172,7 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     attachment = artifact.as_attachment(download)
     response = send_file(
         artifact.path,
-        mimetype=artifact.content_type,
+        mimetype=artifact.response_type(attachment),
         conditional=True,
         as_attachment=attachment,
         download_name=artifact.name,
@@ -180,5 +181,8 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     kind = "attachment" if attachment else "inline"
     response.headers["Content-Disposition"] = (
         f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"
+    )
+    response.headers["Content-Security-Policy"] = artifact_csp(
+        None if attachment else artifact.presentation
     )
     return response

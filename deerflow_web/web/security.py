@@ -15,6 +15,8 @@ from flask import Response
 from flask import request
 from werkzeug.exceptions import Forbidden
 
+from deerflow_web.services.artifacts import Presentation
+
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 PAGE_CSP = "; ".join(
@@ -31,6 +33,39 @@ PAGE_CSP = "; ".join(
         "form-action 'self'",
     )
 )
+
+
+# Every artifact response is a sandboxed document that may load nothing: should a browser
+# ever render a thread's file as a page, it runs no script, has no origin and sends nothing.
+ARTIFACT_BASE_CSP = (
+    "default-src 'none'",
+    "base-uri 'none'",
+    "form-action 'none'",
+    "frame-ancestors 'self'",  # the preview page frames PDFs
+)
+# What the browser's own viewer for each inline kind needs (its UA styles, the file itself).
+ARTIFACT_VIEWER_CSP = {
+    Presentation.IMAGE: ("img-src 'self'", "style-src 'unsafe-inline'"),
+    Presentation.TEXT: ("style-src 'unsafe-inline'",),
+    Presentation.AUDIO: ("media-src 'self'", "style-src 'unsafe-inline'"),
+    Presentation.VIDEO: ("media-src 'self'", "style-src 'unsafe-inline'"),
+}
+# Chromium's media viewer loads its file with CORS, which fails from the opaque origin a
+# plain `sandbox` gives; `allow-same-origin` keeps the origin but still allows no script.
+SANDBOX_FOR = {
+    Presentation.AUDIO: "sandbox allow-same-origin",
+    Presentation.VIDEO: "sandbox allow-same-origin",
+}
+
+
+def artifact_csp(presentation: Presentation | None) -> str:
+    """The Content-Security-Policy of an artifact shown as `presentation` (None: download)."""
+    directives = [
+        *ARTIFACT_BASE_CSP,
+        *ARTIFACT_VIEWER_CSP.get(presentation, ()),
+        SANDBOX_FOR.get(presentation, "sandbox"),
+    ]
+    return "; ".join(directives)
 
 
 class CrossSiteRequest(Forbidden):
@@ -54,10 +89,13 @@ def refuse_cross_site(allowed_origins: Iterable[str]) -> None:
 
 
 def add_security_headers(response: Response) -> Response:
-    """Headers every response gets; pages also get a strict Content-Security-Policy."""
+    """Headers every response gets; pages and API answers each get a strict CSP."""
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")
-    if response.mimetype == "text/html" and not request.path.startswith("/api/"):
+    if request.path.startswith("/api/"):
+        # JSON, errors and files alike: nothing under /api/ is ever a page that may act.
+        response.headers.setdefault("Content-Security-Policy", artifact_csp(None))
+    elif response.mimetype == "text/html":
         response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
         response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
     return response
