@@ -24,6 +24,10 @@ from deerflow_web.storage.paths import resolve_base_dir
 logger = logging.getLogger(__name__)
 
 PDF_CONVERTERS = ("auto", "pymupdf4llm", "markitdown")
+# The names a browser on this machine uses for a server bound to loopback.
+DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+BIND_HOST_ENV = "DEER_FLOW_BIND_HOST"  # set by `make run` to the address it binds
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 _TRUE_STRINGS = {"1", "true", "yes", "on"}
 
 
@@ -47,6 +51,7 @@ class Settings:
     limits: UploadLimits = field(default_factory=UploadLimits)
     conversion: ConversionSettings = field(default_factory=ConversionSettings)
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     config_path: Path | None = None
 
 
@@ -88,6 +93,36 @@ def conversion_from_mapping(uploads: Mapping[str, Any]) -> ConversionSettings:
         wait_seconds=positive_setting(uploads, "conversion_wait_seconds", defaults.wait_seconds),
         workers=positive_setting(uploads, "conversion_workers", defaults.workers),
     )
+
+
+def _string_list(value: Any) -> tuple[str, ...]:
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(item) for item in value)
+
+
+def normalize_host(host: str) -> str:
+    """`LOCALHOST` → `localhost`, `::1` → `[::1]`: the form a Host header carries."""
+    host = host.strip().lower()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # a bare IPv6 address
+    return host
+
+
+def allowed_hosts_from(server: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str, ...]:
+    """`server.allowed_hosts` (else the loopback names) plus the address `make run` binds.
+
+    A wildcard bind (0.0.0.0) names no host, so serving other machines needs the list.
+    """
+    hosts = [normalize_host(h) for h in _string_list(server.get("allowed_hosts"))]
+    if not hosts:
+        hosts = list(DEFAULT_ALLOWED_HOSTS)
+    bind = normalize_host(environ.get(BIND_HOST_ENV, ""))
+    if bind not in WILDCARD_HOSTS and bind not in hosts:
+        hosts.append(bind)
+    return tuple(hosts)
 
 
 def find_config_file(
@@ -153,13 +188,12 @@ def load_settings(
     config = read_config_file(path, env) if path is not None else {}
     uploads = _section(config, "uploads")
     server = _section(config, "server")
-    origins = server.get("allowed_origins") or ()
-    if isinstance(origins, str):
-        origins = (origins,)
+    origins = _string_list(server.get("allowed_origins"))
     return Settings(
         base_dir=resolve_base_dir(base_dir or config.get("base_dir"), env),
         limits=UploadLimits.from_mapping(uploads),
         conversion=conversion_from_mapping(uploads),
-        allowed_origins=tuple(str(o).rstrip("/") for o in origins),
+        allowed_origins=tuple(o.strip().rstrip("/").lower() for o in origins),
+        allowed_hosts=allowed_hosts_from(server, env),
         config_path=path,
     )

@@ -37,7 +37,8 @@ _BOOL_WORDS = {
 @bp.before_request
 def check_origin() -> None:
     """Refuse state-changing browser requests from other sites (see web/security.py)."""
-    refuse_cross_site(get_services().settings.allowed_origins)
+    settings = get_services().settings
+    refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
 
 
 def _query_bool(name: str) -> bool:
