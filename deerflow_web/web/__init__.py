@@ -9,6 +9,7 @@ from typing import Any
 from flask import Flask
 
 from deerflow_web.settings import load_settings
+from deerflow_web.web.json_provider import AppRequest
 from deerflow_web.web.json_provider import OrjsonProvider
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # templates/ and static/ live at the root
@@ -35,6 +36,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         static_folder=str(PROJECT_ROOT / "static"),
     )
     app.json = OrjsonProvider(app)
+    app.request_class = AppRequest
     app.config.update(
         SECRET_KEY=wiring.persistent_secret_key(settings.base_dir),
         MAX_FORM_MEMORY_SIZE=64 * 1024,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from urllib.parse import quote
 
 from flask import Blueprint
@@ -119,7 +120,10 @@ def delete_upload(thread_id: str, filename: str) -> ResponseReturnValue:
 def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
     """Rename one upload; `new_name` and `on_conflict` come as JSON or form fields."""
     validate_thread_id(thread_id)
-    body = request.get_json(silent=True) or request.form
+    # JSON when the client says so (a malformed body is 400), else form fields
+    body = request.get_json() if request.is_json else request.form
+    if not isinstance(body, Mapping):
+        raise InvalidInput("Input should be a valid dictionary", ("body",), None)
     new_name = body.get("new_name") or body.get("name")
     if not isinstance(new_name, str) or not new_name:
         raise InvalidInput("Field required", ("body", "new_name"))
