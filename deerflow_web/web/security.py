@@ -23,7 +23,7 @@ from flask import request
 from werkzeug.exceptions import BadRequest
 from werkzeug.exceptions import Forbidden
 
-from deerflow_web.services.artifacts import Presentation
+from deerflow_web.services.files.artifacts import Presentation
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
