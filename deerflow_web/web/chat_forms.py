@@ -10,10 +10,14 @@ from __future__ import annotations
 from flask_babel import lazy_gettext as _l
 from flask_wtf.file import FileRequired
 from flask_wtf.file import MultipleFileField
+from wtforms import IntegerField
 from wtforms import SelectField
 from wtforms import SelectMultipleField
+from wtforms import StringField
 from wtforms import TextAreaField
 from wtforms.validators import Length
+from wtforms.validators import NumberRange
+from wtforms.validators import Optional
 
 from deerflow_web.web.forms import PageForm
 
@@ -48,3 +52,24 @@ class ChatUploadForm(PageForm):
     """
 
     files = MultipleFileField(_l("Files"), validators=[FileRequired(_l("Choose a file."))])
+
+
+def tool_choices() -> list[tuple[str, object]]:
+    """The file tools whose answers the tools panel shows."""
+    return [("read_file", "read_file"), ("grep", "grep")]
+
+
+class ToolPreviewForm(PageForm):
+    """A `read_file` or `grep` call to run as the agent would.
+
+    The path and pattern are not judged here: what the tool answers to a bad one is
+    exactly what the panel is for.
+    """
+
+    tool = SelectField(_l("Tool"), choices=tool_choices, default="read_file")
+    path = SelectField(_l("File"), validate_choice=False)
+    start_line = IntegerField(
+        _l("From line"), validators=[Optional(), NumberRange(min=1, max=10**9)]
+    )
+    end_line = IntegerField(_l("To line"), validators=[Optional(), NumberRange(min=1, max=10**9)])
+    pattern = StringField(_l("Pattern (grep)"), validators=[Length(max=1000)])
