@@ -102,7 +102,7 @@ def open_patch(upload_url: str, offset: int, length: int, first: bytes, **header
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.sendall(
         (
-            f"PATCH /{path} HTTP/1.1\r\nHost: x\r\nTus-Resumable: 1.0.0\r\n"
+            f"PATCH /{path} HTTP/1.1\r\nHost: {host}:{port}\r\nTus-Resumable: 1.0.0\r\n"
             f"Upload-Offset: {offset}\r\nContent-Type: application/offset+octet-stream\r\n"
             f"Content-Length: {length}\r\n{extra}\r\n"
         ).encode()
