@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS uploads (
 ) WITHOUT ROWID;
 """
 
-CACHED_SCOPES = 64  # threads whose records each server thread keeps in memory
+CACHED_SCOPES = 64  # threads whose records each pooled connection keeps in memory
+IDLE_CONNECTIONS = 8  # pooled connections kept open per process
 
 _COLUMNS = (
     "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
@@ -137,6 +138,7 @@ class UploadRecords(Protocol):
         self, states: Iterable[ConversionState]
     ) -> list[tuple[str, str, str | None]]: ...
     def summaries(self) -> list[ThreadSummary]: ...
+    def ping(self) -> None: ...
 
 
 class _SQLiteTransaction:
@@ -185,12 +187,31 @@ class _SQLiteTransaction:
         )
 
 
+class _Pooled:
+    """One SQLite connection and the records it has cached, keyed by scope."""
+
+    __slots__ = ("db", "cache")
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = OrderedDict()
+
+
 class SQLiteUploadRecords:
-    """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer)."""
+    """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer).
+
+    Connections come from a small pool rather than one per thread: under the gevent
+    server every request runs in a short-lived greenlet, and a connection (and its cache)
+    per greenlet would be opened and thrown away on every request. A transaction keeps its
+    connection for the caller's thread or greenlet, so reads made inside `locked` see the
+    rows it has not committed yet.
+    """
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
-        self._local = threading.local()
+        self._local = threading.local()  # the connection of an open transaction, if any
+        self._idle: list[_Pooled] = []
+        self._pool_lock = threading.Lock()
         db_path.parent.mkdir(parents=True, exist_ok=True)
         with closing(self._connect_new()) as db:
             db.execute("PRAGMA journal_mode=WAL")
@@ -204,39 +225,59 @@ class SQLiteUploadRecords:
         db.execute("PRAGMA synchronous = NORMAL")
         return db
 
-    def _db(self) -> sqlite3.Connection:
-        """One connection per thread: sqlite3 connections are not shared across threads."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = self._connect_new()
-            self._local.cache = OrderedDict()
-        return db
+    @contextmanager
+    def _connection(self) -> Iterator[_Pooled]:
+        """The open transaction's connection, else one borrowed from the pool."""
+        current = getattr(self._local, "txn", None)
+        if current is not None:
+            yield current
+            return
+        with self._pool_lock:
+            pooled = self._idle.pop() if self._idle else None
+        if pooled is None:
+            pooled = _Pooled(self._connect_new())
+        try:
+            yield pooled
+        finally:
+            with self._pool_lock:
+                keep = len(self._idle) < IDLE_CONNECTIONS and not pooled.db.in_transaction
+                if keep:
+                    self._idle.append(pooled)
+            if not keep:
+                pooled.db.close()
+
+    def ping(self) -> None:
+        """Run a trivial query; raises when the database cannot be reached (readiness)."""
+        with self._connection() as pooled:
+            pooled.db.execute("SELECT COUNT(*) FROM uploads WHERE 0").fetchone()
 
     def all(self, scope: str) -> list[StoredRecord]:
-        """Every record of the thread, by name; unchanged sets come from a per-thread cache.
+        """Every record of the thread, by name; unchanged sets come from a per-connection cache.
 
         Listing a large thread is the hot read. `PRAGMA data_version` moves whenever another
         connection (any process) commits and `total_changes` whenever this one writes, so
         the pair tells for certain whether the cached records are still the stored ones.
         """
-        db = self._db()
-        if db.in_transaction:  # uncommitted rows must never be cached
-            return _SQLiteTransaction(db, scope).all()
-        version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
-        cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = self._local.cache
-        hit = cache.get(scope)
-        if hit is not None and hit[0] == version:
-            cache.move_to_end(scope)
-            return list(hit[1])
-        records = _SQLiteTransaction(db, scope).all()
-        cache[scope] = (version, records)
-        if len(cache) > CACHED_SCOPES:
-            cache.popitem(last=False)
-        return list(records)
+        with self._connection() as pooled:
+            db = pooled.db
+            if db.in_transaction:  # uncommitted rows must never be cached
+                return _SQLiteTransaction(db, scope).all()
+            version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
+            cache = pooled.cache
+            hit = cache.get(scope)
+            if hit is not None and hit[0] == version:
+                cache.move_to_end(scope)
+                return list(hit[1])
+            records = _SQLiteTransaction(db, scope).all()
+            cache[scope] = (version, records)
+            if len(cache) > CACHED_SCOPES:
+                cache.popitem(last=False)
+            return list(records)
 
     def get(self, scope: str, filename: str) -> StoredRecord | None:
         """One record, or None."""
-        return _SQLiteTransaction(self._db(), scope).get(filename)
+        with self._connection() as pooled:
+            return _SQLiteTransaction(pooled.db, scope).get(filename)
 
     @contextmanager
     def locked(self, scope: str) -> Iterator[_SQLiteTransaction]:
@@ -245,14 +286,18 @@ class SQLiteUploadRecords:
         BEGIN IMMEDIATE takes SQLite's write lock up front, so two processes committing the
         same name run one after the other and the record always describes the bytes on disk.
         """
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield _SQLiteTransaction(db, scope)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        with self._connection() as pooled:
+            db = pooled.db
+            db.execute("BEGIN IMMEDIATE")
+            self._local.txn = pooled
+            try:
+                yield _SQLiteTransaction(db, scope)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            finally:
+                self._local.txn = None
+            db.execute("COMMIT")
 
     def set_conversion(
         self,
@@ -263,23 +308,21 @@ class SQLiteUploadRecords:
         owner: str | None = None,
     ) -> bool:
         """Record a conversion job's state and the process running it; False if no record."""
-        cursor = self._db().execute(
-            "UPDATE uploads SET conversion_state = ?, conversion_error = ?, conversion_owner = ? "
-            "WHERE scope = ? AND filename = ?",
-            (state.value if state else None, error, owner, scope, filename),
-        )
-        return cursor.rowcount > 0
+        with self._connection() as pooled:
+            cursor = pooled.db.execute(
+                "UPDATE uploads SET conversion_state = ?, conversion_error = ?, "
+                "conversion_owner = ? WHERE scope = ? AND filename = ?",
+                (state.value if state else None, error, owner, scope, filename),
+            )
+            return cursor.rowcount > 0
 
     def conversion_owner(self, scope: str, filename: str) -> str | None:
         """The process (`host:pid`) that runs the file's conversion job, if any."""
-        row = (
-            self._db()
-            .execute(
+        with self._connection() as pooled:
+            row = pooled.db.execute(
                 "SELECT conversion_owner FROM uploads WHERE scope = ? AND filename = ?",
                 (scope, filename),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         return row[0] if row else None
 
     def find_conversions(
@@ -292,26 +335,24 @@ class SQLiteUploadRecords:
             "SELECT scope, filename, conversion_owner FROM uploads "
             f"WHERE conversion_state IN ({marks})"
         )
-        return [tuple(row) for row in self._db().execute(query, values).fetchall()]
+        with self._connection() as pooled:
+            return [tuple(row) for row in pooled.db.execute(query, values).fetchall()]
 
     def summaries(self) -> list[ThreadSummary]:
         """File count, total size and last change per thread, newest first."""
-        rows = (
-            self._db()
-            .execute(
+        with self._connection() as pooled:
+            rows = pooled.db.execute(
                 "SELECT scope, COUNT(*), SUM(size), MAX(MAX(uploaded_at), MAX(mtime_ns) / 1e9) "
                 "FROM uploads GROUP BY scope ORDER BY 4 DESC"
-            )
-            .fetchall()
-        )
+            ).fetchall()
         return [
             ThreadSummary(scope, count, total or 0, last or 0.0)
             for scope, count, total, last in rows
         ]
 
     def close(self) -> None:
-        """Close this thread's connection (tests open many stores)."""
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        """Close the pooled connections (tests open many stores)."""
+        with self._pool_lock:
+            idle, self._idle = self._idle, []
+        for pooled in idle:
+            pooled.db.close()

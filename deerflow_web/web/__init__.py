@@ -39,6 +39,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         MAX_FORM_MEMORY_SIZE=64 * 1024,
         # A backstop only: the upload service enforces the real limits while streaming.
         MAX_CONTENT_LENGTH=settings.limits.max_total_size + 16 * 1024 * 1024,
+        DEERFLOW_SETTINGS=settings,  # for the gunicorn worker (web/server.py)
     )
     app.config.update(overrides)
 
@@ -48,12 +49,14 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     from deerflow_web.web import api
     from deerflow_web.web import chat
+    from deerflow_web.web import health
     from deerflow_web.web import pages
 
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(chat.bp)
+    app.register_blueprint(health.bp)
     app.after_request(add_security_headers)
     register_error_handlers(app)
     return app
