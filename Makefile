@@ -6,7 +6,7 @@ VENV ?= .venv
 HOST ?= 127.0.0.1
 PORT ?= 2026
 WORKERS ?= 2
-THREADS ?= 8
+CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
 .PHONY: run test lint bench browser clean
@@ -23,12 +23,16 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]' ruff
 	touch $@ $(VENV)/.runtime
 
-# gthread workers read request bodies in large pieces (gunicorn's sync worker halves upload
-# throughput); several workers may share one data dir, which the records database allows.
+# gevent workers (web/server.py) hold each connection in a greenlet, so hundreds of slow
+# uploads and downloads wait without taking a thread each; the worker adds back kernel
+# sendfile and the idle timeout. Several workers share one data dir (the records database
+# allows it). One access-log line per request, with its duration in milliseconds.
 run: $(VENV)/.runtime
-	$(BIN)/gunicorn --worker-class gthread --workers $(WORKERS) --threads $(THREADS) \
-		--bind $(HOST):$(PORT) --timeout 600 --graceful-timeout 30 --no-control-socket \
-		--access-logfile - app:app
+	ulimit -n $$(ulimit -Hn) 2>/dev/null || true; \
+	$(BIN)/gunicorn --worker-class deerflow_web.web.server.Worker --workers $(WORKERS) \
+		--worker-connections $(CONNECTIONS) --bind $(HOST):$(PORT) --timeout 600 \
+		--graceful-timeout 30 --no-control-socket --access-logfile - \
+		--access-logformat '%(h)s "%(r)s" %(s)s %(b)s %(M)sms' app:app
 
 # Debian's Chromium for the browser tests; Playwright drives it, no browser is downloaded.
 browser:

@@ -48,6 +48,9 @@ class Settings:
     conversion: ConversionSettings = field(default_factory=ConversionSettings)
     allowed_origins: tuple[str, ...] = ()
     config_path: Path | None = None
+    # A connection that sends or receives nothing for this long is dropped: a stalled
+    # upload (its staging file removed), a download nobody reads, headers that never end.
+    idle_timeout_seconds: float = 60.0
 
 
 def parse_bool(value: object) -> bool:
@@ -162,4 +165,7 @@ def load_settings(
         conversion=conversion_from_mapping(uploads),
         allowed_origins=tuple(str(o).rstrip("/") for o in origins),
         config_path=path,
+        idle_timeout_seconds=positive_setting(
+            server, "idle_timeout_seconds", Settings.idle_timeout_seconds
+        ),
     )
