@@ -335,3 +335,50 @@ def test_the_workers_sockets_send_files_with_the_kernels_sendfile() -> None:
         [sys.executable, "-c", SENDFILE_SCRIPT], capture_output=True, text=True, check=True
     )
     assert result.stdout.split() == ["True", "True", "True", "True"]
+
+
+LOCK_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, sqlite3, subprocess, sys, time
+    import gevent
+    from pathlib import Path
+    from deerflow_web.storage.records import SQLiteUploadRecords
+
+    path = Path(sys.argv[1])
+    records = SQLiteUploadRecords(path)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(1.0); "
+        "db.execute('COMMIT')"), str(path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    ticks = []
+    def ticker():
+        while True:
+            ticks.append(1)
+            gevent.sleep(0.01)
+    gevent.spawn(ticker)
+    started = time.monotonic()
+    with records.locked("T") as txn:
+        waited = time.monotonic() - started
+        txn.delete("nothing")
+    holder.wait()
+    print(json.dumps({"waited": waited, "ticks": len(ticks)}))
+    """
+)
+
+
+def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path: Path) -> None:
+    """SQLite's busy handler would sleep in C and freeze every greenlet of the process."""
+    result = subprocess.run(
+        [sys.executable, "-c", LOCK_SCRIPT, str(tmp_path / "records.sqlite3")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    import json
+
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["waited"] > 0.3  # it did wait for the other process
+    assert outcome["ticks"] >= 10  # and the other greenlet ran meanwhile

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Iterator
@@ -46,6 +47,12 @@ CREATE TABLE IF NOT EXISTS uploads (
 
 CACHED_SCOPES = 64  # threads whose records each pooled connection keeps in memory
 IDLE_CONNECTIONS = 8  # pooled connections kept open per process
+# Waiting for another process's write lock: SQLite's own busy handler sleeps inside the C
+# library, which under the gevent server would freeze every connection of the process for
+# the whole wait. It only gets a few milliseconds here; the rest of the wait is a Python
+# sleep (cooperative under gevent), retried for up to LOCK_WAIT_SECONDS.
+BUSY_SLICE_MS = 5
+LOCK_WAIT_SECONDS = 60.0
 
 _COLUMNS = (
     "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
@@ -187,6 +194,21 @@ class _SQLiteTransaction:
         )
 
 
+def _write(db: sqlite3.Connection, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+    """Run a statement that needs the write lock, waiting for it with a Python sleep."""
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    delay = 0.001
+    while True:
+        try:
+            return db.execute(sql, params)
+        except sqlite3.OperationalError as error:
+            busy = "locked" in str(error) or "busy" in str(error)
+            if not busy or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)  # gevent's sleep when the server runs on gevent
+        delay = min(delay * 2, 0.05)
+
+
 class _Pooled:
     """One SQLite connection and the records it has cached, keyed by scope."""
 
@@ -213,15 +235,15 @@ class SQLiteUploadRecords:
         self._idle: list[_Pooled] = []
         self._pool_lock = threading.Lock()
         db_path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect_new()) as db:
+        with closing(self._connect_new(busy_ms=int(LOCK_WAIT_SECONDS * 1000))) as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
 
-    def _connect_new(self) -> sqlite3.Connection:
+    def _connect_new(self, busy_ms: int = BUSY_SLICE_MS) -> sqlite3.Connection:
         db = sqlite3.connect(
-            self.db_path, timeout=60, isolation_level=None, check_same_thread=False
+            self.db_path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False
         )
-        db.execute("PRAGMA busy_timeout = 60000")
+        db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
         db.execute("PRAGMA synchronous = NORMAL")
         return db
 
@@ -288,7 +310,7 @@ class SQLiteUploadRecords:
         """
         with self._connection() as pooled:
             db = pooled.db
-            db.execute("BEGIN IMMEDIATE")
+            _write(db, "BEGIN IMMEDIATE")
             self._local.txn = pooled
             try:
                 yield _SQLiteTransaction(db, scope)
@@ -309,7 +331,8 @@ class SQLiteUploadRecords:
     ) -> bool:
         """Record a conversion job's state and the process running it; False if no record."""
         with self._connection() as pooled:
-            cursor = pooled.db.execute(
+            cursor = _write(
+                pooled.db,
                 "UPDATE uploads SET conversion_state = ?, conversion_error = ?, "
                 "conversion_owner = ? WHERE scope = ? AND filename = ?",
                 (state.value if state else None, error, owner, scope, filename),

@@ -17,8 +17,8 @@ in megabyte chunks (fewer writes and hash updates per megabyte).
 from __future__ import annotations
 
 import re
-import threading
 import weakref
+from collections import deque
 from collections.abc import Iterator
 
 from werkzeug.datastructures import Headers
@@ -67,31 +67,28 @@ class LargeBuffers:
     """At most `count` megabyte read buffers alive at once; a buffer's slot frees with it.
 
     The slot comes back when the buffer is garbage (the request is over and no view into
-    it is left), so nothing has to remember to hand it back on an error path.
+    it is left), so nothing has to remember to hand it back on an error path. Slots are
+    tokens in a deque, whose append and pop are atomic: the finalizer may run inside
+    `take` itself (a garbage collection there), where a lock would deadlock.
     """
 
     def __init__(self, count: int) -> None:
-        self._free = count
-        self._lock = threading.Lock()
+        self._slots: deque[None] = deque([None] * count)
 
     @property
     def free(self) -> int:
         """Slots not in use."""
-        return self._free
+        return len(self._slots)
 
     def take(self) -> bytearray | None:
         """A fresh megabyte buffer, or None while every slot is taken."""
-        with self._lock:
-            if self._free <= 0:
-                return None
-            self._free -= 1
+        try:
+            self._slots.pop()
+        except IndexError:
+            return None
         chunk = _Chunk(READ_SIZE)
-        weakref.finalize(chunk, self._give_back)
+        weakref.finalize(chunk, self._slots.append, None)
         return chunk
-
-    def _give_back(self) -> None:
-        with self._lock:
-            self._free += 1
 
 
 large_buffers = LargeBuffers(LARGE_BUFFERS)

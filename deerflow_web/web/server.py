@@ -16,6 +16,9 @@ this subclass puts them back:
   timeout: an upload that stops sending, a download nobody reads and a request whose
   headers never end are all dropped once nothing moved for that long. (Headers also stay
   under gunicorn's `--keep-alive` limit, which applies to the first request as well.)
+- **prompt accepts.** gunicorn accepts one connection per turn of the loop when several
+  workers share the socket; `_AcceptingServer` takes a batch, so a new client does not
+  queue behind a burst of slow ones.
 
 The app itself never imports gevent; `deerflow_web.concurrency` finds out at run time
 whether it runs in greenlets and moves CPU-bound work off the event loop then.
@@ -26,11 +29,14 @@ from __future__ import annotations
 import os
 
 from gevent import socket as gevent_socket
+from gevent.server import StreamServer
+from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
 from deerflow_web.settings import Settings
 
 SENDFILE_MAX = 16 * 1024 * 1024  # per call: the kernel stops at a full socket buffer anyway
+ACCEPT_BATCH = 64  # connections taken from the listen queue per turn of the event loop
 
 
 class _SendfileSocket(gevent_socket.socket):
@@ -61,6 +67,24 @@ class _SendfileSocket(gevent_socket.socket):
                 file.seek(offset + sent)
 
 
+class _AcceptingServer(StreamServer):
+    """gevent's server, accepting a batch of waiting connections per turn of the loop.
+
+    gunicorn sets `max_accept = 1` when there are several workers, to spread connections
+    between them. With hundreds of busy connections one turn of the loop takes tens of
+    milliseconds, so one accept per turn left new clients (a fast list request among them)
+    in the listen queue for seconds behind a burst of slow uploads.
+    """
+
+    @property
+    def max_accept(self) -> int:
+        return ACCEPT_BATCH
+
+    @max_accept.setter
+    def max_accept(self, value: int) -> None:
+        pass  # see the class docstring
+
+
 class Worker(GeventWorker):
     """gunicorn's gevent worker with kernel sendfile and a per-connection idle timeout."""
 
@@ -71,6 +95,10 @@ class Worker(GeventWorker):
         settings = getattr(self.wsgi, "config", {}).get("DEERFLOW_SETTINGS")
         if isinstance(settings, Settings):
             self.idle_timeout = settings.idle_timeout_seconds
+
+    def run(self) -> None:
+        ggevent.StreamServer = _AcceptingServer  # the name GeventWorker.run builds servers from
+        super().run()
 
     def handle(self, listener, client, addr) -> None:  # noqa: ANN001
         client.__class__ = _SendfileSocket
