@@ -15,7 +15,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from deerflow_web.concurrency import off_loop
-from deerflow_web.services import uploads as uploads_module
+from deerflow_web.services.uploads import service as uploads_module
 from deerflow_web.settings import load_settings
 from deerflow_web.web.multipart import LargeBuffers
 from tests.conftest import UploadActions

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from contextlib import closing
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +21,9 @@ from typing import Protocol
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
+from deerflow_web.storage.sqlite import ConnectionPool
+from deerflow_web.storage.sqlite import PooledConnection
+from deerflow_web.storage.sqlite import write
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS uploads (
@@ -46,13 +46,6 @@ CREATE TABLE IF NOT EXISTS uploads (
 """
 
 CACHED_SCOPES = 64  # threads whose records each pooled connection keeps in memory
-IDLE_CONNECTIONS = 8  # pooled connections kept open per process
-# Waiting for another process's write lock: SQLite's own busy handler sleeps inside the C
-# library, which under the gevent server would freeze every connection of the process for
-# the whole wait. It only gets a few milliseconds here; the rest of the wait is a Python
-# sleep (cooperative under gevent), retried for up to LOCK_WAIT_SECONDS.
-BUSY_SLICE_MS = 5
-LOCK_WAIT_SECONDS = 60.0
 
 _COLUMNS = (
     "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
@@ -194,31 +187,6 @@ class _SQLiteTransaction:
         )
 
 
-def _write(db: sqlite3.Connection, sql: str, params: tuple = ()) -> sqlite3.Cursor:
-    """Run a statement that needs the write lock, waiting for it with a Python sleep."""
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
-    delay = 0.001
-    while True:
-        try:
-            return db.execute(sql, params)
-        except sqlite3.OperationalError as error:
-            busy = "locked" in str(error) or "busy" in str(error)
-            if not busy or time.monotonic() > deadline:
-                raise
-        time.sleep(delay)  # gevent's sleep when the server runs on gevent
-        delay = min(delay * 2, 0.05)
-
-
-class _Pooled:
-    """One SQLite connection and the records it has cached, keyed by scope."""
-
-    __slots__ = ("db", "cache")
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        self.cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = OrderedDict()
-
-
 class SQLiteUploadRecords:
     """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer).
 
@@ -232,41 +200,17 @@ class SQLiteUploadRecords:
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
         self._local = threading.local()  # the connection of an open transaction, if any
-        self._idle: list[_Pooled] = []
-        self._pool_lock = threading.Lock()
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect_new(busy_ms=int(LOCK_WAIT_SECONDS * 1000))) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
-
-    def _connect_new(self, busy_ms: int = BUSY_SLICE_MS) -> sqlite3.Connection:
-        db = sqlite3.connect(
-            self.db_path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False
-        )
-        db.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
-        db.execute("PRAGMA synchronous = NORMAL")
-        return db
+        self._pool = ConnectionPool(db_path, SCHEMA)
 
     @contextmanager
-    def _connection(self) -> Iterator[_Pooled]:
+    def _connection(self) -> Iterator[PooledConnection]:
         """The open transaction's connection, else one borrowed from the pool."""
         current = getattr(self._local, "txn", None)
         if current is not None:
             yield current
             return
-        with self._pool_lock:
-            pooled = self._idle.pop() if self._idle else None
-        if pooled is None:
-            pooled = _Pooled(self._connect_new())
-        try:
+        with self._pool.borrow() as pooled:
             yield pooled
-        finally:
-            with self._pool_lock:
-                keep = len(self._idle) < IDLE_CONNECTIONS and not pooled.db.in_transaction
-                if keep:
-                    self._idle.append(pooled)
-            if not keep:
-                pooled.db.close()
 
     def ping(self) -> None:
         """Run a trivial query; raises when the database cannot be reached (readiness)."""
@@ -310,7 +254,7 @@ class SQLiteUploadRecords:
         """
         with self._connection() as pooled:
             db = pooled.db
-            _write(db, "BEGIN IMMEDIATE")
+            write(db, "BEGIN IMMEDIATE")
             self._local.txn = pooled
             try:
                 yield _SQLiteTransaction(db, scope)
@@ -331,7 +275,7 @@ class SQLiteUploadRecords:
     ) -> bool:
         """Record a conversion job's state and the process running it; False if no record."""
         with self._connection() as pooled:
-            cursor = _write(
+            cursor = write(
                 pooled.db,
                 "UPDATE uploads SET conversion_state = ?, conversion_error = ?, "
                 "conversion_owner = ? WHERE scope = ? AND filename = ?",
@@ -375,7 +319,4 @@ class SQLiteUploadRecords:
 
     def close(self) -> None:
         """Close the pooled connections (tests open many stores)."""
-        with self._pool_lock:
-            idle, self._idle = self._idle, []
-        for pooled in idle:
-            pooled.db.close()
+        self._pool.close()
