@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench browser clean
+.PHONY: run test lint bench bench-scale browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ lint: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_uploads.py
+
+# Slow clients, no-regression ratios against the previous server, lists at scale.
+bench-scale: $(VENV)/.test
+	$(BIN)/python bench/bench_scale.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
