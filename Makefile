@@ -27,11 +27,12 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 # uploads and downloads wait without taking a thread each; the worker adds back kernel
 # sendfile and the idle timeout. Several workers share one data dir (the records database
 # allows it). One access-log line per request, with its duration in milliseconds.
+# The bound address joins the hosts the app answers for (server.allowed_hosts).
 run: $(VENV)/.runtime
 	ulimit -n $$(ulimit -Hn) 2>/dev/null || true; \
-	$(BIN)/gunicorn --worker-class deerflow_web.web.server.Worker --workers $(WORKERS) \
-		--worker-connections $(CONNECTIONS) --bind $(HOST):$(PORT) --timeout 600 \
-		--graceful-timeout 30 --no-control-socket --access-logfile - \
+	DEER_FLOW_BIND_HOST=$(HOST) $(BIN)/gunicorn --worker-class deerflow_web.web.server.Worker \
+		--workers $(WORKERS) --worker-connections $(CONNECTIONS) --bind $(HOST):$(PORT) \
+		--timeout 600 --graceful-timeout 30 --no-control-socket --access-logfile - \
 		--access-logformat '%(h)s "%(r)s" %(s)s %(b)s %(M)sms' app:app
 
 # Debian's Chromium for the browser tests; Playwright drives it, no browser is downloaded.

@@ -43,7 +43,7 @@ async def upload(port: int, thread_id: str, size: int, rate: float) -> str | Non
     ).encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
     head = (
-        f"POST /api/threads/{thread_id}/uploads HTTP/1.1\r\nHost: bench\r\n"
+        f"POST /api/threads/{thread_id}/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
         f"Content-Length: {len(part) + size + len(tail)}\r\nConnection: close\r\n\r\n"
     ).encode()
@@ -79,7 +79,8 @@ async def download(port: int, path: str, size: int, rate: float) -> str | None:
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     reader, writer = await asyncio.open_connection(sock=sock, limit=PIECE)
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n".encode())
+        request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        writer.write(request.encode())
         head = await reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
             return f"status {head[:20]!r}"

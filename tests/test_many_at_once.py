@@ -382,3 +382,11 @@ def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["waited"] > 0.3  # it did wait for the other process
     assert outcome["ticks"] >= 10  # and the other greenlet ran meanwhile
+
+
+def test_health_probes_answer_whatever_host_they_name(client: FlaskClient) -> None:
+    """A load balancer probes by the instance's address, which is no allowed host."""
+    probe = {"Host": "10.1.2.3:2026"}
+    assert client.get("/healthz", headers=probe).status_code == 200
+    assert client.get("/readyz", headers=probe).status_code == 200
+    assert client.get("/api/threads/T/uploads/list", headers=probe).status_code == 400

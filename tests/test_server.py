@@ -36,7 +36,7 @@ def free_port() -> int:
 def request(port: int, method: str, path: str, body: bytes = b"", timeout: float = 30) -> bytes:
     """One request on its own connection; the whole raw response."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
         if body:
             head += f"Content-Length: {len(body)}\r\n"
         sock.sendall(head.encode() + b"\r\n" + body)
@@ -115,7 +115,7 @@ def upload_head(thread_id: str, name: str, size: int) -> tuple[bytes, bytes]:
     )
     tail = b"\r\n--XYZ--\r\n"
     head = (
-        f"POST /api/threads/{thread_id}/uploads HTTP/1.1\r\nHost: x\r\n"
+        f"POST /api/threads/{thread_id}/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         "Content-Type: multipart/form-data; boundary=XYZ\r\n"
         f"Content-Length: {len(part) + size + len(tail)}\r\n\r\n"
     ).encode()
@@ -141,7 +141,7 @@ def test_a_thousand_silent_connections_do_not_stop_others(base_dir: Path, tmp_pa
         try:
             for _ in range(1000):
                 sock = socket.create_connection(("127.0.0.1", port))
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never end
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never end
                 silent.append(sock)
             response = request(port, "GET", "/api/threads/T/uploads/list", timeout=10)
             assert response.startswith(b"HTTP/1.1 200")
@@ -211,7 +211,7 @@ def test_a_client_that_stops_reading_a_download_is_dropped(base_dir: Path, tmp_p
         with sock:
             sock.sendall(
                 b"GET /api/threads/T/artifacts/mnt/user-data/uploads/big.bin HTTP/1.1\r\n"
-                b"Host: x\r\n\r\n"
+                b"Host: 127.0.0.1\r\n\r\n"
             )
             first = sock.recv(65536)
             assert first.startswith(b"HTTP/1.1 200")
@@ -224,7 +224,7 @@ def test_a_client_that_stops_reading_a_download_is_dropped(base_dir: Path, tmp_p
         with socket.create_connection(("127.0.0.1", port), timeout=60) as other:
             other.sendall(
                 b"GET /api/threads/T/artifacts/mnt/user-data/uploads/big.bin HTTP/1.1\r\n"
-                b"Host: x\r\nConnection: close\r\n\r\n"
+                b"Host: 127.0.0.1\r\nConnection: close\r\n\r\n"
             )
             total = sum(len(chunk) for chunk in iter(lambda: other.recv(1 << 20), b""))
         assert total > size  # headers + every byte of the file

@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask
+from flask import request
 
 from deerflow_web.settings import load_settings
+from deerflow_web.web.json_provider import AppRequest
 from deerflow_web.web.json_provider import OrjsonProvider
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # templates/ and static/ live at the root
@@ -26,6 +28,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web.errors import register_error_handlers
     from deerflow_web.web.extensions import csrf
     from deerflow_web.web.security import add_security_headers
+    from deerflow_web.web.security import refuse_unknown_host
 
     overrides = dict(test_config or {})
     settings = load_settings(overrides.get("BASE_DIR"), config_path=overrides.get("CONFIG_PATH"))
@@ -35,6 +38,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         static_folder=str(PROJECT_ROOT / "static"),
     )
     app.json = OrjsonProvider(app)
+    app.request_class = AppRequest
     app.config.update(
         SECRET_KEY=wiring.persistent_secret_key(settings.base_dir),
         MAX_FORM_MEMORY_SIZE=64 * 1024,
@@ -43,6 +47,14 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         DEERFLOW_SETTINGS=settings,  # for the gunicorn worker (web/server.py)
     )
     app.config.update(overrides)
+    # First of all hooks: no route, form check or page runs for a host we do not serve.
+
+    def check_host() -> None:
+        # Health probes come by the instance's address and read nothing: never refused.
+        if request.blueprint != "health":
+            refuse_unknown_host(settings.allowed_hosts)
+
+    app.before_request(check_host)
 
     csrf.init_app(app)
     i18n.init_app(app, PROJECT_ROOT / "translations")
