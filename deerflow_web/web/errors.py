@@ -37,6 +37,7 @@ from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import OffsetMismatch
 from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import PathTraversal
+from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import ResumableExpired
 from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import StorageFailure
@@ -64,6 +65,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     PathTraversal: 403,
     UploadNotFound: 404,
     ArtifactNotFound: 404,
+    RequestTimedOut: 408,
     NameConflict: 409,
     TooManyFiles: 413,
     FileTooLarge: 413,
