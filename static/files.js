@@ -19,6 +19,22 @@
   var POLL_MS = 2000;
   var pollTimer = null;
 
+  /** A name as the pages show it: controls, line separators and bidi marks escaped (the
+   * server's `visible` filter), so it keeps one line and displays in its real order. */
+  function visible(text) {
+    var pattern = /[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+    var short = { "\n": "\\n", "\r": "\\r", "\t": "\\t" };
+    return String(text).replace(pattern, function (char) {
+      if (short[char]) {
+        return short[char];
+      }
+      var code = char.charCodeAt(0);
+      return code < 0x100
+        ? "\\x" + ("0" + code.toString(16)).slice(-2)
+        : "\\u" + ("000" + code.toString(16)).slice(-4);
+    });
+  }
+
   /** A translated string with {placeholders} filled in. */
   function t(key, params) {
     var text = strings[key] || key;
@@ -129,7 +145,7 @@
     list.replaceChildren();
     names.forEach(function (name) {
       var item = document.createElement("li");
-      item.textContent = name;
+      item.textContent = visible(name);
       list.appendChild(item);
     });
     return new Promise(function (resolve) {
@@ -185,7 +201,7 @@
   function openRename(name) {
     var dialog = document.getElementById("rename-dialog");
     dialog.querySelector('[data-role="filename"]').value = name;
-    dialog.querySelector('[data-role="current"]').textContent = name;
+    dialog.querySelector('[data-role="current"]').textContent = visible(name);
     var input = dialog.querySelector('input[name="new_name"]');
     input.value = name;
     dialog.showModal();
@@ -223,7 +239,7 @@
         message.setAttribute("data-role", "state-error");
         badge.parentNode.appendChild(message);
       }
-      message.textContent = error;
+      message.textContent = visible(error);
     }
   }
 

@@ -235,7 +235,7 @@ class UserDataFiles:
                 total = number
                 if full or number < start or number > last:
                     continue
-                line = f"{number:>6}\t{neutralize(_clip(raw))}"
+                line = f"{number:>6}\t{neutralize(_clip(raw), keep_tabs=True)}"
                 if lines and chars + len(line) > MAX_READ_CHARS:
                     full = True
                     continue
@@ -319,7 +319,7 @@ class UserDataFiles:
                         {
                             "path": neutralize(walked.virtual_path),
                             "line": number,
-                            "text": neutralize(line.strip()),
+                            "text": neutralize(line.strip(), keep_tabs=True),
                         }
                     )
             if truncated:

@@ -49,7 +49,6 @@ from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import scan_regular_files
 from deerflow_web.storage.local import staging_path
 from deerflow_web.storage.paths import ThreadPaths
-from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.storage.records import RecordsTransaction
 from deerflow_web.storage.records import SQLiteUploadRecords
@@ -71,16 +70,30 @@ class SavedFile:
 
 
 @dataclass(frozen=True)
+class RejectedFile:
+    """A part whose name can never be stored, as the client sent it, and why."""
+
+    filename: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class UploadResult:
-    """The outcome of one upload request (SPEC 2.1.6)."""
+    """The outcome of one upload request (SPEC 2.1.6).
+
+    `skipped_files` keeps DeerFlow's meaning (a safe name whose destination is a link or
+    folder); `rejected_files` lists the names no destination could take, each with its
+    reason, so no part of a request goes unmentioned.
+    """
 
     files: list[SavedFile]
     skipped_files: list[str]
+    rejected_files: list[RejectedFile] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
-        """False as soon as one unsafe destination was skipped."""
-        return not self.skipped_files
+        """False as soon as one part of the request was not stored, for whatever reason."""
+        return not self.skipped_files and not self.rejected_files
 
     @property
     def message(self) -> str:
@@ -88,6 +101,8 @@ class UploadResult:
         text = f"Successfully uploaded {len(self.files)} file(s)"
         if self.skipped_files:
             text += f"; skipped {len(self.skipped_files)} unsafe file(s)"
+        if self.rejected_files:
+            text += f"; rejected {len(self.rejected_files)} file(s) with an unusable name"
         return text
 
 
@@ -147,6 +162,7 @@ class _UploadBatch:
         self.claimed = ClaimedNames()
         self.staged: list[_Staged] = []
         self.skipped: list[str] = []
+        self.rejected: list[RejectedFile] = []
         self.count = 0
         self.total = 0
         self._created_dirs: list[Path] = []
@@ -161,10 +177,8 @@ class _UploadBatch:
         try:
             name = normalize_filename(incoming.filename)
         except UnsafeFilename as error:
-            logger.info("skipping upload %r: %s", incoming.filename, error)
-            return
-        if is_staging_name(name):
-            self.skipped.append(name)  # SPEC D14: never stored, never hidden by accident
+            logger.info("rejecting upload %r: %s", incoming.filename, error)
+            self.rejected.append(RejectedFile(incoming.filename, str(error)))
             return
         exists = os.path.lexists
         if self.on_conflict is OnConflict.REJECT and exists(self.folder / name):
@@ -289,7 +303,7 @@ class UploadService:
         except BaseException:
             batch.discard()
             raise
-        return UploadResult(saved, batch.skipped)
+        return UploadResult(saved, batch.skipped, batch.rejected)
 
     def _commit(self, scope: str, batch: _UploadBatch) -> list[SavedFile]:
         commit = _Commit()
@@ -439,8 +453,6 @@ class UploadService:
         validate_thread_id(thread_id)
         _check_single_segment(filename)
         target = normalize_filename(new_name)
-        if is_staging_name(target):
-            raise UnsafeFilename(f"{target} is reserved for uploads in progress")
         folder = self.uploads_dir(thread_id, user_id)
         self._require_regular_file(folder / filename, filename)
         self.list_uploads(thread_id, user_id)

@@ -87,6 +87,10 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
         "files": files,
         "message": result.message,
         "skipped_files": result.skipped_files,
+        "rejected_files": [
+            {"filename": rejected.filename, "reason": rejected.reason}
+            for rejected in result.rejected_files
+        ],
     }
 
 

@@ -74,6 +74,15 @@ def save_form_files(thread_id: str) -> list[str]:
     if result.skipped_files:
         names = ", ".join(result.skipped_files)
         flash(_("Skipped because the name is unsafe: %(names)s", names=names), "error")
+    for rejected in result.rejected_files:  # the page escapes controls in the name
+        flash(
+            _(
+                "Not uploaded: “%(name)s”. %(reason)s.",
+                name=rejected.filename,
+                reason=rejected.reason,
+            ),
+            "error",
+        )
     return [saved.record.filename for saved in result.files]
 
 

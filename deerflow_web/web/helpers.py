@@ -18,6 +18,7 @@ from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import ConversionState
 from deerflow_web.services.file_kinds import FileKind
+from deerflow_web.services.sanitize import escape_controls
 from deerflow_web.services.sizes import human_size
 
 CONVERT_ENDPOINT = "api.convert_upload"
@@ -103,3 +104,4 @@ def register(bp: Blueprint) -> None:
     bp.add_app_template_filter(human_size)
     bp.add_app_template_filter(timestamp)
     bp.add_app_template_filter(iso_time)
+    bp.add_app_template_filter(escape_controls, "visible")
