@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import regex
 
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.services.artifacts import is_foreign_upload
 from deerflow_web.services.sanitize import neutralize_untrusted_tags as neutralize
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
@@ -125,11 +127,26 @@ def _clip(line: str) -> str:
 class UserDataFiles:
     """One thread's /mnt/user-data, read-only and confined."""
 
-    def __init__(self, paths: ThreadPaths, thread_id: str, user_id: str | None = None) -> None:
+    def __init__(
+        self,
+        paths: ThreadPaths,
+        thread_id: str,
+        user_id: str | None = None,
+        listed_upload: Callable[[str], bool] | None = None,
+    ) -> None:
+        """`listed_upload(name)` says whether the upload listing includes a name; without
+        it, no hard-linked file in uploads/ is read."""
         self._paths = paths
         self._thread_id = thread_id
         self._user_id = user_id
+        self._listed_upload = listed_upload
         self._base = paths.user_data_dir(thread_id, user_id).resolve()
+
+    def _foreign(self, real: Path) -> bool:
+        """A hard link in uploads/ that the listing leaves out: its bytes are not ours."""
+        return is_foreign_upload(
+            self._paths, self._thread_id, real, self._user_id, self._listed_upload
+        )
 
     def resolve(self, virtual_path: str) -> Path:
         """Map a virtual path to the host; raises the path errors of SPEC 1.9."""
@@ -145,7 +162,7 @@ class UserDataFiles:
             real = path.resolve()
         except (OSError, RuntimeError):
             return None
-        if not real.is_relative_to(self._base) or not real.is_file():
+        if not real.is_relative_to(self._base) or not real.is_file() or self._foreign(real):
             return None
         return real
 
@@ -188,6 +205,8 @@ class UserDataFiles:
         shown_path = neutralize(virtual_path)
         real = self.resolve(virtual_path)
         if not real.exists() or is_staging_name(real.name):
+            raise FileAccessError(f"File not found: {shown_path}")
+        if real.is_file() and self._foreign(real):
             raise FileAccessError(f"File not found: {shown_path}")
         if real.is_dir():
             raise FileAccessError(f"{shown_path} is a directory; use `glob` to list its files.")
@@ -338,7 +357,7 @@ class UserDataFiles:
     def _grep_targets(self, virtual_path: str) -> Iterator[WalkedFile]:
         real = self.resolve(virtual_path)
         if real.is_file():
-            if is_staging_name(real.name):
+            if is_staging_name(real.name) or self._foreign(real):
                 raise FileAccessError(f"File not found: {neutralize(virtual_path)}")
             yield WalkedFile(self._virtual(real), real, real.name)
             return

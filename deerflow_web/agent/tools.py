@@ -68,12 +68,19 @@ def _current_run_names(runtime: Any) -> set[str]:
         return set()
 
 
-def _user_data(paths: ThreadPaths, runtime: Any) -> UserDataFiles:
+def _user_data(paths: ThreadPaths, runtime: Any, lister: UploadLister | None) -> UserDataFiles:
     thread_id = thread_id_from(runtime)
     if thread_id is None:
         raise ToolException("No thread is attached to this run, so there are no files to read.")
+    user_id = user_id_from(runtime)
+
+    def listed_upload(name: str) -> bool:
+        return lister is not None and any(
+            record.filename == name for record in list_records(lister, thread_id, user_id)
+        )
+
     try:
-        return UserDataFiles(paths, thread_id, user_id_from(runtime))
+        return UserDataFiles(paths, thread_id, user_id, listed_upload)
     except DeerFlowError as error:
         raise ToolException(str(error)) from error
 
@@ -84,9 +91,10 @@ def _in_thread(
     verb: str,
     path: str,
     action: Callable[[UserDataFiles], Result],
+    lister: UploadLister | None = None,
 ) -> Result:
     """Run a file action in the run's thread; failures become messages the model can use."""
-    files = _user_data(paths, runtime)
+    files = _user_data(paths, runtime, lister)
     try:
         return action(files)
     except DeerFlowError as error:
@@ -157,7 +165,10 @@ def make_list_uploaded_files_tool(
 
 
 def make_read_file_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
 ) -> BaseTool:
     """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines)."""
     thread_paths = _paths(base_dir, paths)
@@ -185,6 +196,7 @@ def make_read_file_tool(
             "read",
             path,
             lambda files: files.read(path, start_line, end_line),
+            upload_service,
         )
 
     read_file.handle_tool_error = True
@@ -192,7 +204,10 @@ def make_read_file_tool(
 
 
 def make_glob_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
 ) -> BaseTool:
     """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
     thread_paths = _paths(base_dir, paths)
@@ -212,7 +227,12 @@ def make_glob_tool(
             path: Folder to search, such as /mnt/user-data/uploads.
         """
         return _in_thread(
-            thread_paths, runtime, "list", path, lambda files: files.glob(pattern, path)
+            thread_paths,
+            runtime,
+            "list",
+            path,
+            lambda files: files.glob(pattern, path),
+            upload_service,
         )
 
     glob.handle_tool_error = True
@@ -220,7 +240,10 @@ def make_glob_tool(
 
 
 def make_grep_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
 ) -> BaseTool:
     """Build `grep`: search the text of the thread's files with a regular expression."""
     thread_paths = _paths(base_dir, paths)
@@ -247,6 +270,7 @@ def make_grep_tool(
             "search",
             path,
             lambda files: files.grep(pattern, path, glob, max_results),
+            upload_service,
         )
 
     grep.handle_tool_error = True
@@ -263,7 +287,7 @@ def make_file_tools(
     thread_paths = _paths(base_dir, paths)
     return [
         make_list_uploaded_files_tool(upload_service=upload_service, paths=thread_paths),
-        make_read_file_tool(paths=thread_paths),
-        make_glob_tool(paths=thread_paths),
-        make_grep_tool(paths=thread_paths),
+        make_read_file_tool(paths=thread_paths, upload_service=upload_service),
+        make_glob_tool(paths=thread_paths, upload_service=upload_service),
+        make_grep_tool(paths=thread_paths, upload_service=upload_service),
     ]

@@ -36,13 +36,14 @@ from deerflow_web.models import OnConflict
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
+from deerflow_web.services.artifacts import Artifact
+from deerflow_web.services.artifacts import resolve_artifact
 from deerflow_web.storage.filenames import ClaimedNames
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.filenames import normalize_filename
 from deerflow_web.storage.local import FileFacts
 from deerflow_web.storage.local import StagingFile
-from deerflow_web.storage.local import facts_of
 from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.local import is_safe_destination
@@ -155,8 +156,15 @@ class _Commit:
 class _UploadBatch:
     """One request's parts: checked, streamed to staging files, then committed together."""
 
-    def __init__(self, folder: Path, limits: UploadLimits, on_conflict: OnConflict) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        limits: UploadLimits,
+        on_conflict: OnConflict,
+        make_dirs: Callable[[Path], list[Path]],
+    ) -> None:
         self.folder = folder
+        self._make_dirs = make_dirs
         self.limits = limits
         self.on_conflict = on_conflict
         self.claimed = ClaimedNames()
@@ -215,11 +223,8 @@ class _UploadBatch:
         item.sha256, item.content_type = item.staging.finish(item.name)
 
     def _ensure_folder(self) -> None:
-        if self.folder.is_dir():
-            return
-        missing = [self.folder, *(p for p in self.folder.parents if not p.exists())]
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._created_dirs = missing  # innermost first, so a rollback can rmdir in order
+        if not self._created_dirs:  # created without following a link planted on the way
+            self._created_dirs = self._make_dirs(self.folder)  # innermost first, for rollback
 
     def discard(self) -> None:
         """Remove every staging file and any folder this request created."""
@@ -293,7 +298,7 @@ class UploadService:
         """
         validate_thread_id(thread_id)
         folder = self.uploads_dir(thread_id, user_id)
-        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict))
+        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict), self.paths.make_dirs)
         try:
             for incoming in files:
                 batch.add(incoming)
@@ -358,8 +363,8 @@ class UploadService:
         """
         folder = self.uploads_dir(thread_id, user_id)
         scope = self.paths.scope(thread_id, user_id)
-        on_disk = scan_regular_files(folder)
         stored = self.records.all(scope)
+        on_disk = scan_regular_files(folder, {s.record.filename: s.inode for s in stored})
         if _in_sync(on_disk, stored):
             return [s.record for s in stored]
         return self._reconcile(scope, folder, on_disk, stored)
@@ -376,7 +381,7 @@ class UploadService:
                 except OSError:
                     continue
         with self.records.locked(scope) as txn:
-            current = scan_regular_files(folder)
+            current = scan_regular_files(folder, {s.record.filename: s.inode for s in txn.all()})
             for s in txn.all():
                 if s.record.filename not in current:
                     txn.delete(s.record.filename)
@@ -389,6 +394,19 @@ class UploadService:
                 )
                 txn.put(StoredRecord(record, facts.mtime_ns, facts.inode))
             return [s.record for s in txn.all()]
+
+    def resolve_artifact(
+        self, thread_id: str, virtual_path: str, user_id: str | None = None
+    ) -> Artifact:
+        """A file of the thread's user-data to send, hard links in uploads/ served only when
+        the listing includes them (see `resolve_artifact`)."""
+        return resolve_artifact(
+            self.paths,
+            thread_id,
+            virtual_path,
+            user_id,
+            lambda name: any(r.filename == name for r in self.list_uploads(thread_id, user_id)),
+        )
 
     def get_upload(self, thread_id: str, filename: str, user_id: str | None = None) -> UploadRecord:
         """One upload's record.
@@ -459,21 +477,17 @@ class UploadService:
         if target == filename:
             return self.get_upload(thread_id, filename, user_id)
         with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+            stored = txn.get(filename)
+            if stored is None:  # not listed, e.g. a hard link to a file outside the thread
+                raise UploadNotFound(filename)
             target = self._rename_target(folder, target, OnConflict(on_conflict))
             if txn.get(target) is not None:
                 self._drop_companions(txn, folder, target)
                 txn.delete(target)
             os.replace(folder / filename, folder / target)
-            stored = txn.get(filename)
             txn.delete(filename)
             info = (folder / target).lstat()
-            record = (
-                replace(stored.record, filename=target, original_filename=None)
-                if stored
-                else _record_from_disk(
-                    target, facts_of(info), *hash_and_sniff(folder / target), previous=None
-                )
-            )
+            record = replace(stored.record, filename=target, original_filename=None)
             txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino))
             for other in txn.all():
                 if other.record.converted_from == filename:

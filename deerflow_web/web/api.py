@@ -16,7 +16,6 @@ from werkzeug.http import parse_range_header
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.models import OnConflict
-from deerflow_web.services.artifacts import resolve_artifact
 from deerflow_web.services.upload_info import UploadInfoFormatter
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.multipart import multipart_reader
@@ -167,9 +166,7 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     """Send one file of the thread's user-data folder; active content only as a download."""
     validate_thread_id(thread_id)
     download = _query_bool("download")
-    artifact = resolve_artifact(
-        get_upload_service().paths, thread_id, virtual_path, current_user_id()
-    )
+    artifact = get_upload_service().resolve_artifact(thread_id, virtual_path, current_user_id())
     if (refusal := _refuse_range(artifact.size)) is not None:
         return refusal
     attachment = artifact.as_attachment(download)

@@ -34,6 +34,7 @@ from deerflow_web.errors import StorageFailure
 from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import UnsafeFilename
+from deerflow_web.errors import UnsafeFolder
 from deerflow_web.errors import UploadNotFound
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     NotAFile: 400,
     NotConvertible: 400,
     PathTraversal: 403,
+    UnsafeFolder: 403,
     UploadNotFound: 404,
     ArtifactNotFound: 404,
     NameConflict: 409,
