@@ -19,6 +19,7 @@ from deerflow_web.models import OnConflict
 from deerflow_web.services.upload_info import UploadInfoFormatter
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.multipart import multipart_reader
+from deerflow_web.web.multipart import upload_body_limit
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
@@ -60,7 +61,7 @@ def _formatter(thread_id: str) -> UploadInfoFormatter:
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store the request's files in the thread's uploads folder, streaming each part."""
     validate_thread_id(thread_id)
-    reader = multipart_reader(request, current_app.config.get("MAX_CONTENT_LENGTH"))
+    reader = multipart_reader(request, _body_limit())
     parts = iter(reader)
     first = next(parts)  # form fields sent before the first file are now in reader.fields
     on_conflict = OnConflict.named(
@@ -183,3 +184,9 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
         f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"
     )
     return response
+
+
+def _body_limit() -> int:
+    """Every byte of an upload body counts: file data, fields, part headers."""
+    limits = get_upload_service().limits
+    return upload_body_limit(limits.max_total_size, current_app.config.get("MAX_CONTENT_LENGTH"))

@@ -21,6 +21,7 @@ from deerflow_web.models import OnConflict
 from deerflow_web.web.extensions import csrf
 from deerflow_web.web.messages import describe_error
 from deerflow_web.web.multipart import multipart_reader
+from deerflow_web.web.multipart import upload_body_limit
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_upload_service
 
@@ -48,7 +49,7 @@ def save_form_files(thread_id: str) -> list[str]:
     fields: dict[str, str] = {}
     first: IncomingFile | None = None
     try:
-        reader = multipart_reader(request, current_app.config.get("MAX_CONTENT_LENGTH"))
+        reader = multipart_reader(request, _body_limit())
         fields = reader.fields  # filled as the body is read
         parts = iter(reader)
         first = next(parts)
@@ -95,3 +96,9 @@ def _check_csrf_token(fields: dict[str, str]) -> None:
     if current_app.config["WTF_CSRF_ENABLED"]:
         request.form = ImmutableMultiDict(fields)
         csrf.protect()
+
+
+def _body_limit() -> int:
+    """Every byte of an upload body counts: file data, fields, part headers."""
+    limits = get_upload_service().limits
+    return upload_body_limit(limits.max_total_size, current_app.config.get("MAX_CONTENT_LENGTH"))
