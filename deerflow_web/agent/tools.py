@@ -82,7 +82,7 @@ def _user_data(paths: ThreadPaths, runtime: Any, lister: UploadLister | None) ->
     try:
         return UserDataFiles(paths, thread_id, user_id, listed_upload)
     except DeerFlowError as error:
-        raise ToolException(str(error)) from error
+        raise ToolException(neutralize(str(error))) from error
 
 
 def _in_thread(
@@ -98,7 +98,7 @@ def _in_thread(
     try:
         return action(files)
     except DeerFlowError as error:
-        raise ToolException(str(error)) from error
+        raise ToolException(neutralize(str(error))) from error
     except OSError as error:
         raise ToolException(f"Cannot {verb} {neutralize(path)}: {error.strerror}") from error
 
@@ -149,7 +149,7 @@ def make_list_uploaded_files_tool(
         try:
             uploads_dir = thread_paths.uploads_dir(thread_id, user_id)
         except DeerFlowError as error:
-            raise ToolException(str(error)) from error
+            raise ToolException(neutralize(str(error))) from error
         return list_uploaded_files_result(
             uploads_dir,
             lambda: list_records(lister, thread_id, user_id),
