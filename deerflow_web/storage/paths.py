@@ -137,6 +137,8 @@ class ThreadPaths:
         return self._walk(path, create=True, mode=mode)
 
     def _walk(self, path: Path, *, create: bool, mode: int | None = None) -> list[Path]:
+        """Open each level relative to the one above with O_NOFOLLOW, creating it first
+        when asked; an open descriptor per level is also the cheapest way to look."""
         parts = path.relative_to(self.base_dir).parts
         created: list[Path] = []
         try:
