@@ -26,8 +26,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from deerflow_web.agent import make_file_tools
 from deerflow_web.agent import make_upload_middleware
 from deerflow_web.errors import UnsafeFilename
-from deerflow_web.services.sanitize import escape_controls
-from deerflow_web.services.sanitize import neutralize_untrusted_tags
+from deerflow_web.services.prompt.untrusted import escape_controls
+from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags
 from deerflow_web.storage.filenames import normalize_filename
 from tests.conftest import UploadActions
 from tests.conftest import uploads_dir
