@@ -16,14 +16,21 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage
+from langchain_core.messages import HumanMessage
 from langchain_core.messages import ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
 
+from deerflow_web.agent import make_upload_middleware
 from deerflow_web.agent.tools import make_file_tools
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.storage.paths import ThreadPaths
 from tests.agent_helpers import make_runtime
 from tests.conftest import UploadActions
 from tests.conftest import uploads_dir
+from tests.test_agent_loop import AgentContext
+from tests.test_agent_loop import RecordingToolModel
 
 T = "T"
 AREAS = ("uploads", "workspace", "outputs")
@@ -233,6 +240,48 @@ def test_the_agent_tools_answer_a_tool_error(
     assert message.status == "error"
     assert "is a symbolic link or not a folder" in message.content
     assert "OUTSIDE-SECRET" not in message.content
+    assert snapshot(outside) == before
+
+
+@pytest.mark.parametrize("level", ["thread", "user-data", "uploads"])
+def test_an_agent_run_goes_on_and_its_tools_refuse(
+    base_dir: Path, tmp_path: Path, level: str
+) -> None:
+    """In a real LangChain loop: no upload block read through the link, tool errors the
+    model can read, and the outside folder untouched."""
+    outside = plant_link(base_dir, tmp_path, level)
+    before = snapshot(outside)
+    calls = [
+        {"name": "list_uploaded_files", "args": {}, "id": "c1", "type": "tool_call"},
+        {
+            "name": "read_file",
+            "args": {"path": "/mnt/user-data/uploads/secret.txt"},
+            "id": "c2",
+            "type": "tool_call",
+        },
+    ]
+    model = RecordingToolModel(messages=iter([AIMessage("", tool_calls=calls), AIMessage("ok")]))
+    agent = create_agent(
+        model,
+        tools=make_file_tools(base_dir=base_dir),
+        middleware=make_upload_middleware(base_dir=base_dir),
+        context_schema=AgentContext,
+        checkpointer=InMemorySaver(),
+    )
+    message = HumanMessage(
+        "read it", id="h1", additional_kwargs={"files": [{"filename": "secret.txt", "size": 15}]}
+    )
+    result = agent.invoke(
+        {"messages": [message]},
+        config={"configurable": {"thread_id": T}},
+        context={"thread_id": T},
+    )
+    assert result["messages"][-1].content == "ok"
+    tools = [m for m in model.received[1] if isinstance(m, ToolMessage)]
+    assert [m.status for m in tools] == ["error", "error"]
+    assert all("is a symbolic link or not a folder" in m.content for m in tools)
+    everything = "\n".join(str(m.content) for batch in model.received for m in batch)
+    assert "OUTSIDE-SECRET" not in everything
     assert snapshot(outside) == before
 
 

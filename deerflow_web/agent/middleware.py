@@ -103,6 +103,8 @@ class ThreadDataMiddleware(AgentMiddleware):
 
         Raises:
             ValueError: No thread id in the context or config, or an invalid one.
+            UnsafeFolder: (`lazy_init=False`) a folder on the way is a link; nothing was
+                created through it.
         """
         thread_id = thread_id_from(runtime)
         if thread_id is None:
@@ -111,9 +113,11 @@ class ThreadDataMiddleware(AgentMiddleware):
         if not self._lazy_init:
             self._paths.ensure_thread_dirs(thread_id, user_id)
             logger.debug("created folders of thread %s", thread_id)
+        # Where the folders belong, for the sandbox: the app's own file operations check
+        # each folder for planted links themselves, so a run is not refused here.
         update: dict[str, Any] = {
             "thread_data": {
-                f"{area.value}_path": str(self._paths.area_dir(thread_id, area, user_id))
+                f"{area.value}_path": str(self._paths.area_location(thread_id, area, user_id))
                 for area in (Area.WORKSPACE, Area.UPLOADS, Area.OUTPUTS)
             }
         }

@@ -188,8 +188,12 @@ class ThreadPaths:
 
     def area_dir(self, thread_id: str, area: Area, user_id: str | None = None) -> Path:
         """One of uploads/, workspace/, outputs/."""
-        folder = self._thread_dir(thread_id, user_id) / "user-data" / Area(area).value
-        return self.checked(folder)
+        return self.checked(self.area_location(thread_id, area, user_id))
+
+    def area_location(self, thread_id: str, area: Area, user_id: str | None = None) -> Path:
+        """Where an area belongs, unchecked: only to tell a sandbox where to look, never for
+        the app's own reads or writes (use `area_dir` for those)."""
+        return self._thread_dir(thread_id, user_id) / "user-data" / Area(area).value
 
     def uploads_dir(self, thread_id: str, user_id: str | None = None) -> Path:
         """The thread's uploads folder (not created)."""
