@@ -25,6 +25,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from deerflow_web.agent import make_upload_middleware
 from deerflow_web.agent.tools import make_file_tools
 from deerflow_web.errors import UnsafeFolder
+from deerflow_web.models import IncomingFile
 from deerflow_web.storage.paths import ThreadPaths
 from tests.agent_helpers import make_runtime
 from tests.conftest import UploadActions
@@ -397,3 +398,31 @@ def test_an_upload_linked_elsewhere_later_is_still_served(
     response = client.get(f"/api/threads/{T}/artifacts/mnt/user-data/uploads/report.txt")
     assert response.status_code == 200 and response.data == b"report"
     response.close()
+
+
+def test_a_link_planted_while_an_upload_streams_is_refused_at_commit(
+    app: Any, base_dir: Path, tmp_path: Path
+) -> None:
+    """The folder is checked again just before the files are renamed into place."""
+    service = app.extensions["deerflow_web"].uploads
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = uploads_dir(base_dir, T)
+
+    class SwapWhileReading:
+        """A part whose reader replaces uploads/ by a link once its bytes are staged."""
+
+        def __init__(self) -> None:
+            self.sent = False
+
+        def read(self, size: int = -1) -> bytes:
+            if self.sent:
+                folder.rename(folder.with_name("moved-away"))
+                folder.symlink_to(outside, target_is_directory=True)
+                return b""
+            self.sent = True
+            return b"payload"
+
+    with pytest.raises(UnsafeFolder):
+        service.save_uploads(T, [IncomingFile("a.txt", SwapWhileReading())])
+    assert list(outside.iterdir()) == []

@@ -279,6 +279,9 @@ class UploadService:
         current = ""
         try:
             with self.records.locked(scope) as txn:
+                # Streaming took a while: a link planted meanwhile is refused before any
+                # rename goes through it.
+                self.paths.checked(batch.folder)
                 seen = {s.record.sha256: s.record.filename for s in txn.all()}
                 for item in batch.staged:
                     current = item.name
