@@ -360,6 +360,7 @@ def test_a_foreign_hard_link_is_not_listed_served_or_renamed(
         f"/api/threads/{T}/uploads/linked.txt/rename", json={"new_name": "adopted.txt"}
     )
     assert renamed.status_code == 404
+    assert client.post(f"/api/threads/{T}/uploads/linked.txt/convert").status_code == 404
     assert uploads.names(T) == ["mine.txt"]
     assert hard_linked.read_bytes() == SECRET
 
