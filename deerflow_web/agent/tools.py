@@ -28,8 +28,9 @@ from langchain_core.tools import tool
 
 from deerflow_web.agent.file_access import UserDataFiles
 from deerflow_web.agent.messages import state_value
+from deerflow_web.agent.runtime import auth_required
+from deerflow_web.agent.runtime import required_user_id
 from deerflow_web.agent.runtime import thread_id_from
-from deerflow_web.agent.runtime import user_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
@@ -68,12 +69,21 @@ def _current_run_names(runtime: Any) -> set[str]:
         return set()
 
 
-def _user_data(paths: ThreadPaths, runtime: Any) -> UserDataFiles:
+def _user_id(runtime: Any, require_user: bool) -> str | None:
+    """The run's user; a tool error (never the flat layout) when accounts need one."""
+    try:
+        return required_user_id(runtime, require_user)
+    except ValueError as error:
+        raise ToolException(str(error)) from error
+
+
+def _user_data(paths: ThreadPaths, runtime: Any, require_user: bool = False) -> UserDataFiles:
     thread_id = thread_id_from(runtime)
     if thread_id is None:
         raise ToolException("No thread is attached to this run, so there are no files to read.")
+    user_id = _user_id(runtime, require_user)
     try:
-        return UserDataFiles(paths, thread_id, user_id_from(runtime))
+        return UserDataFiles(paths, thread_id, user_id)
     except DeerFlowError as error:
         raise ToolException(str(error)) from error
 
@@ -84,9 +94,10 @@ def _in_thread(
     verb: str,
     path: str,
     action: Callable[[UserDataFiles], Result],
+    require_user: bool = False,
 ) -> Result:
     """Run a file action in the run's thread; failures become messages the model can use."""
-    files = _user_data(paths, runtime)
+    files = _user_data(paths, runtime, require_user)
     try:
         return action(files)
     except DeerFlowError as error:
@@ -100,6 +111,7 @@ def make_list_uploaded_files_tool(
     base_dir: str | os.PathLike[str] | None = None,
     upload_service: UploadLister | None = None,
     paths: ThreadPaths | None = None,
+    require_user: bool | None = None,
 ) -> BaseTool:
     """Build `list_uploaded_files` (SPEC 4.6 with D12's `query` and `extensions`).
 
@@ -107,7 +119,10 @@ def make_list_uploaded_files_tool(
         base_dir: Data root; None uses the app's settings.
         upload_service: Source of upload records; None derives them from the folder.
         paths: A ready `ThreadPaths` (wins over base_dir).
+        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+            follows the app's settings when they are used, else False.
     """
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = _paths(base_dir, paths)
     lister: UploadLister = upload_service or DirectoryUploadLister(thread_paths)
 
@@ -137,7 +152,7 @@ def make_list_uploaded_files_tool(
             return {"files": [], "message": NO_RUNTIME}
         if thread_id is None:
             return {"files": [], "message": THREAD_NOT_FOUND}
-        user_id = user_id_from(runtime)
+        user_id = _user_id(runtime, needs_user)
         try:
             uploads_dir = thread_paths.uploads_dir(thread_id, user_id)
         except DeerFlowError as error:
@@ -157,9 +172,13 @@ def make_list_uploaded_files_tool(
 
 
 def make_read_file_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    require_user: bool | None = None,
 ) -> BaseTool:
     """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines)."""
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = _paths(base_dir, paths)
 
     @tool(parse_docstring=True)
@@ -185,6 +204,7 @@ def make_read_file_tool(
             "read",
             path,
             lambda files: files.read(path, start_line, end_line),
+            needs_user,
         )
 
     read_file.handle_tool_error = True
@@ -192,9 +212,13 @@ def make_read_file_tool(
 
 
 def make_glob_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    require_user: bool | None = None,
 ) -> BaseTool:
     """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = _paths(base_dir, paths)
 
     @tool(parse_docstring=True)
@@ -212,7 +236,12 @@ def make_glob_tool(
             path: Folder to search, such as /mnt/user-data/uploads.
         """
         return _in_thread(
-            thread_paths, runtime, "list", path, lambda files: files.glob(pattern, path)
+            thread_paths,
+            runtime,
+            "list",
+            path,
+            lambda files: files.glob(pattern, path),
+            needs_user,
         )
 
     glob.handle_tool_error = True
@@ -220,9 +249,13 @@ def make_glob_tool(
 
 
 def make_grep_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    require_user: bool | None = None,
 ) -> BaseTool:
     """Build `grep`: search the text of the thread's files with a regular expression."""
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = _paths(base_dir, paths)
 
     @tool(parse_docstring=True)
@@ -247,6 +280,7 @@ def make_grep_tool(
             "search",
             path,
             lambda files: files.grep(pattern, path, glob, max_results),
+            needs_user,
         )
 
     grep.handle_tool_error = True
@@ -258,12 +292,16 @@ def make_file_tools(
     base_dir: str | os.PathLike[str] | None = None,
     upload_service: UploadLister | None = None,
     paths: ThreadPaths | None = None,
+    require_user: bool | None = None,
 ) -> list[BaseTool]:
-    """All four tools, sharing one `ThreadPaths`."""
+    """All four tools, sharing one `ThreadPaths` and one answer to "must runs name a user?"."""
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = _paths(base_dir, paths)
     return [
-        make_list_uploaded_files_tool(upload_service=upload_service, paths=thread_paths),
-        make_read_file_tool(paths=thread_paths),
-        make_glob_tool(paths=thread_paths),
-        make_grep_tool(paths=thread_paths),
+        make_list_uploaded_files_tool(
+            upload_service=upload_service, paths=thread_paths, require_user=needs_user
+        ),
+        make_read_file_tool(paths=thread_paths, require_user=needs_user),
+        make_glob_tool(paths=thread_paths, require_user=needs_user),
+        make_grep_tool(paths=thread_paths, require_user=needs_user),
     ]
