@@ -16,6 +16,20 @@
   var strings = stringsNode ? JSON.parse(stringsNode.textContent) : {};
   var csrfMeta = document.querySelector('meta[name="csrf-token"]');
   var csrfToken = csrfMeta ? csrfMeta.getAttribute("content") : "";
+
+  /**
+   * Headers that let a signed-in page change things through the JSON API: the form token,
+   * and (with accounts on) the `csrf_token` cookie echoed in X-CSRF-Token, read on every
+   * call because the server may renew it.
+   */
+  function csrfHeaders() {
+    var headers = { "X-CSRFToken": csrfToken };
+    var match = document.cookie.match(/(?:^|;\s*)csrf_token=([^;]*)/);
+    if (match) {
+      headers["X-CSRF-Token"] = decodeURIComponent(match[1]);
+    }
+    return headers;
+  }
   var POLL_MS = 2000;
   var pollTimer = null;
 
@@ -250,7 +264,7 @@
     showState(name, "queued");
     fetch(button.getAttribute("data-url"), {
       method: "POST",
-      headers: { Accept: "application/json", "X-CSRFToken": csrfToken },
+      headers: Object.assign({ Accept: "application/json" }, csrfHeaders()),
       credentials: "same-origin",
     })
       .then(function (response) {
@@ -428,5 +442,6 @@
     refreshList: refreshList,
     detailOf: detailOf,
     csrfToken: csrfToken,
+    csrfHeaders: csrfHeaders,
   };
 })();

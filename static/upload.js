@@ -312,7 +312,10 @@
       var url = root.getAttribute("data-upload-url") + "?on_conflict=" + encodeURIComponent(onConflict);
       xhr.open("POST", url);
       xhr.setRequestHeader("Accept", "application/json");
-      xhr.setRequestHeader("X-CSRFToken", shared.csrfToken);
+      var csrf = shared.csrfHeaders();
+      Object.keys(csrf).forEach(function (name) {
+        xhr.setRequestHeader(name, csrf[name]);
+      });
       xhr.upload.addEventListener("progress", function (event) {
         if (!event.lengthComputable) {
           return;

@@ -44,6 +44,11 @@ def _loaded_after_import(module: str, candidates: tuple[str, ...]) -> list[str]:
         ("deerflow_web.storage.previews", "flask"),
         ("deerflow_web.web.chat", "deerflow_web.agent"),
         ("deerflow_web.web.chat", "langchain_core"),
+        ("deerflow_web.services.accounts.service", "flask"),
+        ("deerflow_web.services.accounts.owners", "flask"),
+        ("deerflow_web.services.accounts.adopt", "flask"),
+        ("deerflow_web.storage.database", "flask"),
+        ("deerflow_web.agent.tools", "sqlalchemy"),
     ],
 )
 def test_module_does_not_import(module: str, forbidden: str) -> None:

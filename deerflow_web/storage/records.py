@@ -309,6 +309,12 @@ class SQLiteUploadRecords:
             for scope, count, total, last in rows
         ]
 
+    def move_scope(self, old: str, new: str) -> int:
+        """Re-key a thread's records after its folder moved (adopting a flat thread)."""
+        with self.locked(old) as _txn:
+            cursor = self._db().execute("UPDATE uploads SET scope = ? WHERE scope = ?", (new, old))
+        return cursor.rowcount
+
     def close(self) -> None:
         """Close this thread's connection (tests open many stores)."""
         db = getattr(self._local, "db", None)
