@@ -182,6 +182,20 @@ class ConversionTimedOut(ConversionError):
     """The converter ran past its time limit and was stopped."""
 
 
+class ConversionQueueFull(DeerFlowError):
+    """Too many conversions are waiting; the request was not queued and may be retried.
+
+    Not a `ConversionError`: nothing is wrong with the document, so its record keeps its
+    state and the caller is told when to come back (`retry_after`, in seconds).
+    """
+
+    def __init__(self, queued: int, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"The conversion queue is full ({queued} waiting); try again in {retry_after} s"
+        )
+
+
 class StorageFailure(DeerFlowError):
     """An unexpected I/O error; the operation was rolled back and may be retried."""
 
@@ -310,3 +324,8 @@ class LockedOut(DeerFlowError):
     def __init__(self, retry_after: int) -> None:
         super().__init__("Too many failed login attempts. Try again later.")
         self.retry_after = retry_after
+
+
+class FileAccessError(DeerFlowError):
+    """A file request the model can correct (missing, binary, outside, malformed); the
+    agent tools hand its message back to the model instead of failing the run."""

@@ -23,8 +23,11 @@ from deerflow_web.storage.paths import resolve_base_dir
 
 logger = logging.getLogger(__name__)
 
-PDF_CONVERTERS = ("auto", "pymupdf4llm", "markitdown")
-_TRUE_STRINGS = {"1", "true", "yes", "on"}
+# The words for yes and no, for settings (SPEC 1.8) and query flags (SPEC 2.5) alike; flags
+# also take the single letters.
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+_FLAG_LETTERS = {"t": True, "y": True, "f": False, "n": False}
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,19 @@ class ConversionSettings:
     """How document conversion runs: opt-in at upload, always bounded in time and memory."""
 
     auto_convert_documents: bool = False
-    pdf_converter: str = "auto"
     timeout_seconds: float = 300.0
     memory_limit_mb: int = 2048
     wait_seconds: float = 3.0
     workers: int = 2
+    max_output_bytes: int = UploadLimits.max_file_size
+    max_queued: int = 20
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How the agent's file tools behave."""
+
+    read_conversion_wait_seconds: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,7 @@ class Settings:
     base_dir: Path
     limits: UploadLimits = field(default_factory=UploadLimits)
     conversion: ConversionSettings = field(default_factory=ConversionSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
     allowed_origins: tuple[str, ...] = ()
     config_path: Path | None = None
     auth: AuthSettings = field(default_factory=AuthSettings)
@@ -101,8 +113,18 @@ class Settings:
 def parse_bool(value: object) -> bool:
     """`"YES"` → True, `"false"` → False; other types by truthiness (SPEC 1.8)."""
     if isinstance(value, str):
-        return value.strip().lower() in _TRUE_STRINGS
+        return value.strip().lower() in TRUE_WORDS
     return bool(value)
+
+
+def parse_flag(raw: str) -> bool | None:
+    """A query flag: `true/false/1/0/yes/no/on/off/t/f/y/n` in any case; None otherwise."""
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    return _FLAG_LETTERS.get(word)
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -117,16 +139,26 @@ def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return {}
 
 
-def conversion_from_mapping(uploads: Mapping[str, Any]) -> ConversionSettings:
-    """Read the conversion keys of `uploads.*`; invalid values fall back with a warning."""
+def conversion_from_mapping(
+    uploads: Mapping[str, Any],
+    conversion: Mapping[str, Any] | None = None,
+    *,
+    max_file_size: int = UploadLimits.max_file_size,
+) -> ConversionSettings:
+    """Read the conversion keys of `uploads.*` and `conversion.*`; invalid values fall back
+    with a warning. The Markdown cap defaults to the upload size limit: a companion is a file
+    of the thread like any other."""
     defaults = ConversionSettings()
-    converter = str(uploads.get("pdf_converter") or "auto").strip().lower()
-    if converter not in PDF_CONVERTERS:
-        logger.warning("uploads.pdf_converter=%r is unknown; using 'auto'", converter)
-        converter = "auto"
+    conversion = conversion or {}
+    if uploads.get("pdf_converter") is not None:
+        # Read once, when the app starts: PDFs always go through markitdown (pymupdf4llm is
+        # AGPL, SPEC D9), so the key is only there for configs written for DeerFlow.
+        logger.warning(
+            "uploads.pdf_converter=%r is ignored: documents are converted with markitdown",
+            uploads["pdf_converter"],
+        )
     return ConversionSettings(
         auto_convert_documents=parse_bool(uploads.get("auto_convert_documents", False)),
-        pdf_converter=converter,
         timeout_seconds=positive_setting(
             uploads, "conversion_timeout_seconds", defaults.timeout_seconds
         ),
@@ -135,6 +167,25 @@ def conversion_from_mapping(uploads: Mapping[str, Any]) -> ConversionSettings:
         ),
         wait_seconds=positive_setting(uploads, "conversion_wait_seconds", defaults.wait_seconds),
         workers=positive_setting(uploads, "conversion_workers", defaults.workers),
+        max_output_bytes=positive_setting(
+            conversion, "max_output_bytes", max_file_size, section_name="conversion"
+        ),
+        max_queued=positive_setting(
+            conversion, "max_queued", defaults.max_queued, section_name="conversion"
+        ),
+    )
+
+
+def agent_from_mapping(agent: Mapping[str, Any]) -> AgentSettings:
+    """Read `agent.*`; invalid values fall back with a warning."""
+    defaults = AgentSettings()
+    return AgentSettings(
+        read_conversion_wait_seconds=positive_setting(
+            agent,
+            "read_conversion_wait_seconds",
+            defaults.read_conversion_wait_seconds,
+            section_name="agent",
+        )
     )
 
 
@@ -205,10 +256,14 @@ def load_settings(
     origins = server.get("allowed_origins") or ()
     if isinstance(origins, str):
         origins = (origins,)
+    limits = UploadLimits.from_mapping(uploads)
     return Settings(
         base_dir=resolve_base_dir(base_dir or config.get("base_dir"), env),
-        limits=UploadLimits.from_mapping(uploads),
-        conversion=conversion_from_mapping(uploads),
+        limits=limits,
+        conversion=conversion_from_mapping(
+            uploads, _section(config, "conversion"), max_file_size=limits.max_file_size
+        ),
+        agent=agent_from_mapping(_section(config, "agent")),
         allowed_origins=tuple(str(o).rstrip("/") for o in origins),
         config_path=path,
         auth=auth_from(_section(config, "auth"), env),

@@ -10,10 +10,13 @@ the same tests run against the single-user flat layout of the first release.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
 from typing import Any
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -40,6 +43,8 @@ USER_ID: str | None = "test-user" if AUTH_ON else None
 FAST_PASSWORDS = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
 
 needs_auth = pytest.mark.skipif(not AUTH_ON, reason="accounts are off (DEER_FLOW_AUTH_DISABLED)")
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -258,3 +263,16 @@ def provision_server_user(base_dir: Path) -> None:
                 )
             )
     engine.dispose()
+
+
+def wait_until(condition: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.05) -> T:
+    """Poll `condition` until it returns something truthy, and return that; fail after
+    `timeout` seconds. For waiting on another process or thread, never to order events."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"still false after {timeout} s: {condition}")
+        time.sleep(interval)

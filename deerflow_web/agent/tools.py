@@ -6,6 +6,10 @@ from the model's schema (`InjectedToolArg`); LangChain's `ToolNode` fills it wit
 config's `configurable.thread_id` is used. Tool errors are raised as `ToolException` with
 `handle_tool_error=True`, so the model reads the message instead of the run failing.
 
+`read_file` and `grep` read an uploaded document (PDF, Word, Excel, PowerPoint) as its
+Markdown text, converting it on demand through the same background jobs as the Convert
+button (SPEC D17). Given only a base dir, the tools build those jobs from the settings.
+
 Wiring::
 
     tools = make_file_tools(base_dir=settings.base_dir, upload_service=service)
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Annotated
 from typing import Any
@@ -26,10 +31,10 @@ from langchain_core.tools import InjectedToolArg
 from langchain_core.tools import ToolException
 from langchain_core.tools import tool
 
-from deerflow_web.agent.file_access import UserDataFiles
 from deerflow_web.agent.messages import state_value
 from deerflow_web.agent.runtime import auth_required
 from deerflow_web.agent.runtime import required_user_id
+from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
@@ -37,8 +42,14 @@ from deerflow_web.agent.uploads_source import list_records
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
-from deerflow_web.services.sanitize import neutralize_untrusted_tags as neutralize
-from deerflow_web.services.upload_listing import list_uploaded_files_result
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.prompt.document_text import DocumentTexts
+from deerflow_web.services.prompt.file_access import FileToolFailure
+from deerflow_web.services.prompt.file_access import UserDataFiles
+from deerflow_web.services.prompt.file_access import run_file_tool
+from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
+from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.storage.paths import ThreadPaths
 
 logger = logging.getLogger(__name__)
@@ -49,14 +60,48 @@ NO_RUNTIME = "No runtime context available."
 THREAD_NOT_FOUND = "Thread not found."
 
 
-def _paths(base_dir: str | os.PathLike[str] | None, paths: ThreadPaths | None) -> ThreadPaths:
-    if paths is not None:
-        return paths
-    if base_dir is not None:
-        return ThreadPaths(base_dir)
-    from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
+class DocumentSource:
+    """The conversion jobs the tools read documents through, built on first use.
 
-    return ThreadPaths(load_settings().base_dir)
+    Built lazily so that making the tools touches nothing on disk, and from the settings
+    (config.yaml, DEER_FLOW_HOME) when the caller gives no jobs, so that
+    `make_file_tools(base_dir=...)` alone reads documents like the app converts them.
+    """
+
+    def __init__(
+        self,
+        paths: ThreadPaths,
+        *,
+        upload_service: UploadLister | None = None,
+        conversion_jobs: ConversionJobs | None = None,
+        wait_seconds: float | None = None,
+    ) -> None:
+        self._paths = paths
+        self._uploads = upload_service if isinstance(upload_service, UploadService) else None
+        self._jobs = conversion_jobs
+        self._wait = wait_seconds
+        self._lock = threading.Lock()
+
+    def jobs(self) -> tuple[ConversionJobs, float]:
+        """The jobs and the wait budget (`agent.read_conversion_wait_seconds`)."""
+        with self._lock:
+            if self._jobs is None or self._wait is None:
+                from deerflow_web.settings import load_settings  # reads config.yaml: only now
+
+                settings = load_settings(self._paths.base_dir)
+                if self._jobs is None:
+                    uploads = self._uploads or make_upload_service(
+                        self._paths.base_dir, settings.limits
+                    )
+                    self._jobs = ConversionJobs(uploads, settings.conversion)
+                if self._wait is None:
+                    self._wait = settings.agent.read_conversion_wait_seconds
+            return self._jobs, self._wait
+
+    def for_thread(self, thread_id: str, user_id: str | None) -> DocumentTexts:
+        """The documents of one thread."""
+        jobs, wait = self.jobs()
+        return DocumentTexts(jobs, thread_id, user_id, wait)
 
 
 def _current_run_names(runtime: Any) -> set[str]:
@@ -77,13 +122,16 @@ def _user_id(runtime: Any, require_user: bool) -> str | None:
         raise ToolException(str(error)) from error
 
 
-def _user_data(paths: ThreadPaths, runtime: Any, require_user: bool = False) -> UserDataFiles:
+def _user_data(
+    paths: ThreadPaths, runtime: Any, documents: DocumentSource | None, require_user: bool
+) -> UserDataFiles:
     thread_id = thread_id_from(runtime)
     if thread_id is None:
         raise ToolException("No thread is attached to this run, so there are no files to read.")
     user_id = _user_id(runtime, require_user)
     try:
-        return UserDataFiles(paths, thread_id, user_id)
+        texts = documents.for_thread(thread_id, user_id) if documents is not None else None
+        return UserDataFiles(paths, thread_id, user_id, texts)
     except DeerFlowError as error:
         raise ToolException(str(error)) from error
 
@@ -94,16 +142,15 @@ def _in_thread(
     verb: str,
     path: str,
     action: Callable[[UserDataFiles], Result],
+    documents: DocumentSource | None = None,
     require_user: bool = False,
 ) -> Result:
     """Run a file action in the run's thread; failures become messages the model can use."""
-    files = _user_data(paths, runtime, require_user)
+    files = _user_data(paths, runtime, documents, require_user)
     try:
-        return action(files)
-    except DeerFlowError as error:
+        return run_file_tool(verb, path, lambda: action(files))
+    except FileToolFailure as error:
         raise ToolException(str(error)) from error
-    except OSError as error:
-        raise ToolException(f"Cannot {verb} {neutralize(path)}: {error.strerror}") from error
 
 
 def make_list_uploaded_files_tool(
@@ -123,7 +170,7 @@ def make_list_uploaded_files_tool(
             follows the app's settings when they are used, else False.
     """
     needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
     lister: UploadLister = upload_service or DirectoryUploadLister(thread_paths)
 
     @tool(parse_docstring=True)
@@ -175,11 +222,33 @@ def make_read_file_tool(
     *,
     base_dir: str | os.PathLike[str] | None = None,
     paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
+    conversion_jobs: ConversionJobs | None = None,
+    read_wait_seconds: float | None = None,
+    documents: DocumentSource | None = None,
     require_user: bool | None = None,
 ) -> BaseTool:
-    """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines)."""
+    """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines).
+
+    Args:
+        base_dir: Data root; None uses the app's settings.
+        paths: A ready `ThreadPaths` (wins over base_dir).
+        upload_service: The app's `UploadService`, reused for document records.
+        conversion_jobs: The app's `ConversionJobs`; None builds them from the settings.
+        read_wait_seconds: How long a call waits for a conversion; None uses
+            `agent.read_conversion_wait_seconds`.
+        documents: A `DocumentSource` shared with `grep` (wins over the three above).
+        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+            follows the app's settings when they are used, else False.
+    """
     needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
+    source = documents or DocumentSource(
+        thread_paths,
+        upload_service=upload_service,
+        conversion_jobs=conversion_jobs,
+        wait_seconds=read_wait_seconds,
+    )
 
     @tool(parse_docstring=True)
     def read_file(
@@ -188,9 +257,10 @@ def make_read_file_tool(
         end_line: int | None = None,
         runtime: Annotated[Any, InjectedToolArg] = None,
     ) -> str:
-        """Read a text file of this conversation, with line numbers.
+        """Read a file of this conversation, with line numbers.
 
-        Use the line numbers of a document outline to read just one section.
+        PDF, Word, Excel and PowerPoint files are read as their Markdown text; the line
+        numbers of a document outline refer to that text, so use them to read one section.
         At most 2000 lines are returned per call.
 
         Args:
@@ -204,6 +274,7 @@ def make_read_file_tool(
             "read",
             path,
             lambda files: files.read(path, start_line, end_line),
+            source,
             needs_user,
         )
 
@@ -219,7 +290,7 @@ def make_glob_tool(
 ) -> BaseTool:
     """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
     needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
 
     @tool(parse_docstring=True)
     def glob(
@@ -241,7 +312,7 @@ def make_glob_tool(
             "list",
             path,
             lambda files: files.glob(pattern, path),
-            needs_user,
+            require_user=needs_user,
         )
 
     glob.handle_tool_error = True
@@ -252,11 +323,25 @@ def make_grep_tool(
     *,
     base_dir: str | os.PathLike[str] | None = None,
     paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
+    conversion_jobs: ConversionJobs | None = None,
+    read_wait_seconds: float | None = None,
+    documents: DocumentSource | None = None,
     require_user: bool | None = None,
 ) -> BaseTool:
-    """Build `grep`: search the text of the thread's files with a regular expression."""
+    """Build `grep`: search the text of the thread's files with a regular expression.
+
+    Documents are searched through their Markdown text, as `read_file` reads them; the
+    arguments are `make_read_file_tool`'s.
+    """
     needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
+    source = documents or DocumentSource(
+        thread_paths,
+        upload_service=upload_service,
+        conversion_jobs=conversion_jobs,
+        wait_seconds=read_wait_seconds,
+    )
 
     @tool(parse_docstring=True)
     def grep(
@@ -267,6 +352,9 @@ def make_grep_tool(
         runtime: Annotated[Any, InjectedToolArg] = None,
     ) -> dict[str, Any]:
         """Search file contents for a regular expression and return matching lines.
+
+        PDF, Word, Excel and PowerPoint files are searched through their Markdown text.
+        Documents whose text is not ready are listed under "skipped".
 
         Args:
             pattern: Python regular expression, such as 'revenue|income'.
@@ -280,6 +368,7 @@ def make_grep_tool(
             "search",
             path,
             lambda files: files.grep(pattern, path, glob, max_results),
+            source,
             needs_user,
         )
 
@@ -292,16 +381,37 @@ def make_file_tools(
     base_dir: str | os.PathLike[str] | None = None,
     upload_service: UploadLister | None = None,
     paths: ThreadPaths | None = None,
+    conversion_jobs: ConversionJobs | None = None,
+    read_wait_seconds: float | None = None,
     require_user: bool | None = None,
 ) -> list[BaseTool]:
-    """All four tools, sharing one `ThreadPaths` and one answer to "must runs name a user?"."""
+    """All four tools, sharing one `ThreadPaths` and one set of conversion jobs.
+
+    Args:
+        base_dir: Data root; None uses the app's settings.
+        upload_service: Source of upload records (the app's `UploadService` is also reused
+            for document conversions); None derives the listing from the folder.
+        paths: A ready `ThreadPaths` (wins over base_dir).
+        conversion_jobs: The app's `ConversionJobs`, when the tools run in the app's
+            process; None builds them from the settings on first use.
+        read_wait_seconds: How long `read_file` and `grep` wait for a conversion; None
+            uses `agent.read_conversion_wait_seconds`.
+        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+            follows the app's settings when they are used, else False.
+    """
     needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
+    documents = DocumentSource(
+        thread_paths,
+        upload_service=upload_service,
+        conversion_jobs=conversion_jobs,
+        wait_seconds=read_wait_seconds,
+    )
     return [
         make_list_uploaded_files_tool(
             upload_service=upload_service, paths=thread_paths, require_user=needs_user
         ),
-        make_read_file_tool(paths=thread_paths, require_user=needs_user),
+        make_read_file_tool(paths=thread_paths, documents=documents, require_user=needs_user),
         make_glob_tool(paths=thread_paths, require_user=needs_user),
-        make_grep_tool(paths=thread_paths, require_user=needs_user),
+        make_grep_tool(paths=thread_paths, documents=documents, require_user=needs_user),
     ]

@@ -14,7 +14,6 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from contextlib import closing
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Protocol
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
+from deerflow_web.storage.sqlite import ThreadConnections
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS uploads (
@@ -40,15 +40,19 @@ CREATE TABLE IF NOT EXISTS uploads (
     conversion_state TEXT,
     conversion_error TEXT,
     conversion_owner TEXT,
+    source_sha256 TEXT,
     PRIMARY KEY (scope, filename)
 ) WITHOUT ROWID;
 """
+# Columns added after the first release, with their type: databases made before get them
+# at start-up (existing rows read NULL).
+ADDED_COLUMNS = (("source_sha256", "TEXT"),)
 
 CACHED_SCOPES = 64  # threads whose records each server thread keeps in memory
 
 _COLUMNS = (
     "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
-    "original_filename, converted_from, conversion_state, conversion_error"
+    "original_filename, converted_from, conversion_state, conversion_error, source_sha256"
 )
 
 
@@ -89,6 +93,7 @@ def _to_stored(row: tuple) -> StoredRecord:
         converted_from,
         state,
         error,
+        source_sha256,
     ) = row
     return StoredRecord(
         record=UploadRecord(
@@ -103,6 +108,7 @@ def _to_stored(row: tuple) -> StoredRecord:
             converted_from=converted_from,
             conversion_state=_STATES[state] if state else None,  # dict: Enum() is slow
             conversion_error=error,
+            source_sha256=source_sha256,
         ),
         mtime_ns=mtime_ns,
         inode=inode,
@@ -161,7 +167,7 @@ class _SQLiteTransaction:
         r = stored.record
         self._db.execute(
             f"INSERT OR REPLACE INTO uploads (scope, {_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 self._scope,
                 r.filename,
@@ -176,6 +182,7 @@ class _SQLiteTransaction:
                 r.converted_from,
                 r.conversion_state.value if r.conversion_state else None,
                 r.conversion_error,
+                r.source_sha256,
             ),
         )
 
@@ -185,32 +192,37 @@ class _SQLiteTransaction:
         )
 
 
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """Bring a database made by an earlier release up to `SCHEMA`."""
+    present = {row[1] for row in db.execute("PRAGMA table_info(uploads)")}
+    for name, kind in ADDED_COLUMNS:
+        if name not in present:
+            try:
+                db.execute(f"ALTER TABLE uploads ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as error:
+                if "duplicate column" not in str(error):  # another process added it first
+                    raise
+
+
 class SQLiteUploadRecords:
     """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer)."""
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
-        self._local = threading.local()
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect_new()) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
-
-    def _connect_new(self) -> sqlite3.Connection:
-        db = sqlite3.connect(
-            self.db_path, timeout=60, isolation_level=None, check_same_thread=False
-        )
-        db.execute("PRAGMA busy_timeout = 60000")
-        db.execute("PRAGMA synchronous = NORMAL")
-        return db
+        self._connections = ThreadConnections(db_path, SCHEMA)
+        self._connections.prepare()
+        _add_missing_columns(self._connections.get())
+        self._caches = threading.local()
 
     def _db(self) -> sqlite3.Connection:
-        """One connection per thread: sqlite3 connections are not shared across threads."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = self._connect_new()
-            self._local.cache = OrderedDict()
-        return db
+        return self._connections.get()
+
+    def _cache(self, db: sqlite3.Connection) -> OrderedDict:
+        """This thread's listing cache, reset whenever its connection is new."""
+        if getattr(self._caches, "db", None) is not db:
+            self._caches.db = db
+            self._caches.cache = OrderedDict()
+        return self._caches.cache
 
     def all(self, scope: str) -> list[StoredRecord]:
         """Every record of the thread, by name; unchanged sets come from a per-thread cache.
@@ -223,7 +235,7 @@ class SQLiteUploadRecords:
         if db.in_transaction:  # uncommitted rows must never be cached
             return _SQLiteTransaction(db, scope).all()
         version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
-        cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = self._local.cache
+        cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = self._cache(db)
         hit = cache.get(scope)
         if hit is not None and hit[0] == version:
             cache.move_to_end(scope)
@@ -317,7 +329,4 @@ class SQLiteUploadRecords:
 
     def close(self) -> None:
         """Close this thread's connection (tests open many stores)."""
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        self._connections.close()

@@ -22,6 +22,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """
     from deerflow_web.web import auth
     from deerflow_web.web import cli
+    from deerflow_web.web import helpers
     from deerflow_web.web import i18n
     from deerflow_web.web import wiring
     from deerflow_web.web.errors import register_error_handlers
@@ -47,6 +48,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     csrf.init_app(app)
     i18n.init_app(app, PROJECT_ROOT / "translations")
     wiring.init_app(app, settings)
+    helpers.register(app)
     app.add_template_global(auth.signed_in, "auth_user")
     if settings.auth.enabled:
         auth.init_app(app, settings.trusted_proxies)

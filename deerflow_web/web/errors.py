@@ -18,6 +18,7 @@ from deerflow_web.errors import ArtifactPrefixError
 from deerflow_web.errors import AuthError
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import EmailTaken
@@ -69,6 +70,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     FileTooLarge: 413,
     TotalTooLarge: 413,
     ConversionError: 422,
+    ConversionQueueFull: 429,
     StorageFailure: 500,
     ConfigError: 503,
     ConversionTimedOut: 504,
@@ -116,9 +118,10 @@ def register_error_handlers(app: Flask) -> None:
             return {"detail": validation_detail(error)}, 422
         if isinstance(error, AuthError) and _wants_json():
             return {"detail": {"code": error.code, "message": str(error)}}, status
-        if isinstance(error, LockedOut):
-            return render_error(status, str(error), [("Retry-After", str(error.retry_after))])
-        return render_error(status, str(error))
+        headers = []
+        if isinstance(error, ConversionQueueFull | LockedOut):
+            headers.append(("Retry-After", str(error.retry_after)))
+        return render_error(status, str(error), headers)
 
     @app.errorhandler(HTTPException)  # routing 404/405, 413 from the server, CSRF, 416
     def handle_http_error(error: HTTPException) -> ResponseReturnValue:
