@@ -16,11 +16,11 @@ class ConfigError(DeerFlowError):
 
 
 class InvalidInput(DeerFlowError, ValueError):
-    """A request input that fails validation; `location` names it as (where, name)."""
+    """A request input that fails validation; `location` names it as (where, name...)."""
 
     kind = "value_error"
 
-    def __init__(self, message: str, location: tuple[str, str], value: object = None) -> None:
+    def __init__(self, message: str, location: tuple[str, ...], value: object = None) -> None:
         super().__init__(message)
         self.location = location
         self.value = value

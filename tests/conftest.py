@@ -17,6 +17,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -150,13 +151,22 @@ class SignedInClient(FlaskClient):
         return secret
 
     def open(self, *args: Any, **kwargs: Any) -> TestResponse:
-        if self.send_csrf and not (args and not isinstance(args[0], str)):
-            cookie = self.get_cookie("csrf_token")
-            if cookie is not None:
-                headers = Headers(kwargs.get("headers") or {})
-                if "X-CSRF-Token" not in headers:
-                    headers["X-CSRF-Token"] = cookie.value
-                kwargs["headers"] = headers
+        if args and not isinstance(args[0], str):
+            return super().open(*args, **kwargs)  # a prepared request (redirects)
+        headers = Headers(kwargs.get("headers") or {})
+        cookies = [self.get_cookie(name) for name in ("session", "csrf_token")]
+        host = headers.get("Host") or urlsplit(kwargs.get("base_url") or "").netloc
+        hostname = urlsplit(f"http://{host}").hostname if host else None
+        if hostname and hostname != "localhost":
+            # The jar sends cookies by domain; tests of other Host headers and base URLs
+            # are still made by the signed-in user.
+            for cookie in cookies:
+                if cookie is not None:
+                    self.set_cookie(cookie.key, cookie.value, domain=hostname)
+        csrf = cookies[1]
+        if self.send_csrf and csrf is not None and "X-CSRF-Token" not in headers:
+            headers["X-CSRF-Token"] = csrf.value
+        kwargs["headers"] = headers
         return super().open(*args, **kwargs)
 
 

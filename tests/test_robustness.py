@@ -28,7 +28,7 @@ from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.paths import ThreadPaths
 
 ROOT = Path(__file__).resolve().parents[1]
-HOST = "Host: x\r\n" + auth_header_line()  # raw requests carry the test user's token
+HOST = "Host: 127.0.0.1\r\n" + auth_header_line()  # raw requests carry the test user's token
 
 
 def test_sweep_removes_only_stale_staging_files(base_dir: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from flask_babel import lazy_gettext as _l
-from flask_wtf import FlaskForm
 from wtforms import BooleanField
 from wtforms import EmailField
 from wtforms import HiddenField
@@ -16,8 +15,10 @@ from wtforms.validators import InputRequired
 from wtforms.validators import NumberRange
 from wtforms.validators import Optional
 
+from deerflow_web.web.forms import PageForm
 
-class LoginForm(FlaskForm):
+
+class LoginForm(PageForm):
     """Email and password; `next` carries the page to return to."""
 
     email = EmailField(_l("Email"), validators=[DataRequired(_l("Enter your email."))])
@@ -26,14 +27,14 @@ class LoginForm(FlaskForm):
     next = HiddenField()
 
 
-class SetupForm(FlaskForm):
+class SetupForm(PageForm):
     """The first admin account."""
 
     email = EmailField(_l("Email"), validators=[DataRequired(_l("Enter your email."))])
     password = PasswordField(_l("Password"), validators=[InputRequired(_l("Choose a password."))])
 
 
-class ChangePasswordForm(FlaskForm):
+class ChangePasswordForm(PageForm):
     """The current password and a new one."""
 
     current_password = PasswordField(
@@ -44,7 +45,7 @@ class ChangePasswordForm(FlaskForm):
     )
 
 
-class TokenForm(FlaskForm):
+class TokenForm(PageForm):
     """A named API token, optionally expiring."""
 
     name = StringField(_l("Token name"), validators=[DataRequired(_l("Name the token."))])
@@ -54,7 +55,7 @@ class TokenForm(FlaskForm):
     )
 
 
-class IdForm(FlaskForm):
+class IdForm(PageForm):
     """A button that acts on one token or user (the id is in the URL)."""
 
 
@@ -63,7 +64,7 @@ def role_choices() -> list[tuple[str, object]]:
     return [("user", _l("User")), ("admin", _l("Admin"))]
 
 
-class NewUserForm(FlaskForm):
+class NewUserForm(PageForm):
     """An account created by an admin."""
 
     email = EmailField(_l("Email"), validators=[DataRequired(_l("Enter an email."))])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import quote
 
 from flask import Blueprint
@@ -18,6 +19,7 @@ from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.uploads import receive_uploads
 from deerflow_web.web.wiring import current_user_id
@@ -30,7 +32,8 @@ bp = Blueprint("api", __name__, url_prefix="/api")
 @bp.before_request
 def check_origin() -> None:
     """Refuse state-changing browser requests from other sites (see web/security.py)."""
-    refuse_cross_site(get_services().settings.allowed_origins)
+    settings = get_services().settings
+    refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
 
 
 def _query_bool(name: str) -> bool:
@@ -102,7 +105,10 @@ def delete_upload(thread_id: str, filename: str) -> ResponseReturnValue:
 def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
     """Rename one upload; `new_name` and `on_conflict` come as JSON or form fields."""
     validate_thread_id(thread_id)
-    body = request.get_json(silent=True) or request.form
+    # JSON when the client says so (a malformed body is 400), else form fields
+    body = request.get_json() if request.is_json else request.form
+    if not isinstance(body, Mapping):
+        raise InvalidInput("Input should be a valid dictionary", ("body",), None)
     new_name = body.get("new_name") or body.get("name")
     if not isinstance(new_name, str) or not new_name:
         raise InvalidInput("Field required", ("body", "new_name"))
@@ -145,7 +151,7 @@ def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
 
 @bp.get("/threads/<thread_id>/artifacts/<path:virtual_path>")
 def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
-    """Send one file of the thread's user-data folder; active content only as a download."""
+    """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
     validate_thread_id(thread_id)
     download = _query_bool("download")
     artifact = resolve_artifact(
@@ -156,7 +162,7 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     attachment = artifact.as_attachment(download)
     response = send_file(
         artifact.path,
-        mimetype=artifact.content_type,
+        mimetype=artifact.response_type(attachment),
         conditional=True,
         as_attachment=attachment,
         download_name=artifact.name,
@@ -165,5 +171,8 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     kind = "attachment" if attachment else "inline"
     response.headers["Content-Disposition"] = (
         f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"
+    )
+    response.headers["Content-Security-Policy"] = artifact_csp(
+        None if attachment else artifact.presentation
     )
     return response

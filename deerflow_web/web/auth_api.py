@@ -47,7 +47,8 @@ def _service() -> AccountService:
 @admin_bp.before_request
 def check_origin() -> None:
     """Login, set-up and logout take no CSRF header; a foreign Origin is refused instead."""
-    refuse_cross_site(get_services().settings.allowed_origins)
+    settings = get_services().settings
+    refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
 
 
 def json_body() -> dict[str, Any]:
