@@ -113,6 +113,9 @@ class Settings:
     auth: AuthSettings = field(default_factory=AuthSettings)
     database_url: str | None = None
     trusted_proxies: int = 0
+    # A connection that sends or receives nothing for this long is dropped: a stalled
+    # upload (its staging file removed), a download nobody reads, headers that never end.
+    idle_timeout_seconds: float = 60.0
 
 
 def parse_bool(value: object) -> bool:
@@ -303,4 +306,7 @@ def load_settings(
         auth=auth_from(_section(config, "auth"), env),
         database_url=env.get("DATABASE_URL") or database.get("url") or None,
         trusted_proxies=_trusted_proxies(server.get("trusted_proxies")),
+        idle_timeout_seconds=positive_setting(
+            server, "idle_timeout_seconds", Settings.idle_timeout_seconds
+        ),
     )

@@ -40,6 +40,7 @@ from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import PathTraversal
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import RegistrationDisabled
+from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import StorageFailure
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import TokenNotFound
@@ -67,6 +68,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     PathTraversal: 403,
     UploadNotFound: 404,
     ArtifactNotFound: 404,
+    RequestTimedOut: 408,
     NameConflict: 409,
     TooManyFiles: 413,
     FileTooLarge: 413,
