@@ -340,8 +340,8 @@ class SQLiteUploadRecords:
 
     def move_scope(self, old: str, new: str) -> int:
         """Re-key a thread's records after its folder moved (adopting a flat thread)."""
-        with self.locked(old) as _txn:
-            cursor = self._db().execute("UPDATE uploads SET scope = ? WHERE scope = ?", (new, old))
+        with self.locked(old) as txn:
+            cursor = txn._db.execute("UPDATE uploads SET scope = ? WHERE scope = ?", (new, old))
         return cursor.rowcount
 
     def close(self) -> None:
