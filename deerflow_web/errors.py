@@ -222,6 +222,132 @@ class StorageFailure(DeerFlowError):
     """An unexpected I/O error; the operation was rolled back and may be retried."""
 
 
+class ThreadNotFound(DeerFlowError):
+    """The thread belongs to another user: answered like a thread that does not exist."""
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"Thread {thread_id} not found")
+        self.thread_id = thread_id
+
+
+class AuthError(DeerFlowError):
+    """An account failure with one of DeerFlow's machine-readable codes (SPEC 7.2).
+
+    The web layer answers `{"detail": {"code": ..., "message": ...}}` for these, as
+    DeerFlow's frontend expects, instead of the plain sentence other errors carry.
+    """
+
+    code = "not_authenticated"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class NotAuthenticated(AuthError):
+    """No valid session or API token came with the request."""
+
+    code = "not_authenticated"
+
+    def __init__(self, message: str = "Authentication required") -> None:
+        super().__init__(message)
+
+
+class InvalidCredentials(AuthError):
+    """Wrong email or password (the two are never told apart)."""
+
+    code = "invalid_credentials"
+
+    def __init__(self, message: str = "Incorrect email or password") -> None:
+        super().__init__(message)
+
+
+class TokenInvalid(AuthError):
+    """An API token that is unknown, revoked or belongs to a disabled account."""
+
+    code = "token_invalid"
+
+    def __init__(self, message: str = "Invalid token") -> None:
+        super().__init__(message)
+
+
+class TokenExpired(AuthError):
+    """An API token past its expiry date."""
+
+    code = "token_expired"
+
+    def __init__(self, message: str = "Token has expired") -> None:
+        super().__init__(message)
+
+
+class EmailTaken(AuthError):
+    """Another account already uses this email."""
+
+    code = "email_already_exists"
+
+    def __init__(self, message: str = "Email already registered") -> None:
+        super().__init__(message)
+
+
+class AlreadyInitialized(AuthError):
+    """The first admin exists; set-up cannot run again."""
+
+    code = "system_already_initialized"
+
+    def __init__(self, message: str = "System already initialized") -> None:
+        super().__init__(message)
+
+
+class RegistrationDisabled(AuthError):
+    """Self-registration is off (`auth.registration_enabled`)."""
+
+    code = "registration_disabled"
+
+    def __init__(self, message: str = "Registration is disabled") -> None:
+        super().__init__(message)
+
+
+class UserNotFound(AuthError):
+    """No account with that id or email."""
+
+    code = "user_not_found"
+
+    def __init__(self, message: str = "User not found") -> None:
+        super().__init__(message)
+
+
+class WeakPassword(DeerFlowError):
+    """A password too short or on the common-password list."""
+
+
+class InvalidEmail(DeerFlowError):
+    """An email address that is not one."""
+
+
+class WrongPassword(DeerFlowError):
+    """The current password given to change it is wrong."""
+
+
+class PermissionDenied(DeerFlowError):
+    """The account lacks the role the action needs (admin endpoints)."""
+
+
+class TokenNotFound(DeerFlowError):
+    """No API token with that id among the caller's tokens."""
+
+    def __init__(self) -> None:
+        super().__init__("Token not found")
+
+
+class LockedOut(DeerFlowError):
+    """Too many failed logins from this address or for this account (SPEC 7.5)."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("Too many failed login attempts. Try again later.")
+        self.retry_after = retry_after
+
+
 class FileAccessError(DeerFlowError):
     """A file request the model can correct (missing, binary, outside, malformed); the
     agent tools hand its message back to the model instead of failing the run."""

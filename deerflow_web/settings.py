@@ -73,6 +73,50 @@ class ResumableSettings:
         )
 
 
+class AuthSettings:
+    """Accounts (SPEC 7.1): on unless DEER_FLOW_AUTH_DISABLED=1 or `auth.enabled: false`."""
+
+    enabled: bool = True
+    registration_enabled: bool = False
+
+
+PRODUCTION_NAMES = {"prod", "production"}
+
+
+def auth_from(auth: Mapping[str, Any], environ: Mapping[str, str]) -> AuthSettings:
+    """Read `auth.*` and DEER_FLOW_AUTH_DISABLED; refuse the single-user mode in production."""
+    enabled = parse_bool(auth.get("enabled", True))
+    if parse_bool(environ.get("DEER_FLOW_AUTH_DISABLED", "")):
+        enabled = False
+    if not enabled:
+        for name in ("DEER_FLOW_ENV", "ENVIRONMENT"):
+            if environ.get(name, "").strip().lower() in PRODUCTION_NAMES:
+                raise ConfigError(
+                    f"Authentication cannot be disabled (DEER_FLOW_AUTH_DISABLED or "
+                    f"auth.enabled: false) when {name} is '{environ[name]}': a production "
+                    "server needs accounts. Unset DEER_FLOW_AUTH_DISABLED / auth.enabled, or "
+                    "DEER_FLOW_ENV / ENVIRONMENT."
+                )
+    return AuthSettings(
+        enabled=enabled,
+        registration_enabled=parse_bool(auth.get("registration_enabled", False)),
+    )
+
+
+def _trusted_proxies(value: object) -> int:
+    """How many proxies in front of the app set X-Forwarded-*: a count or a list of them."""
+    if value is None or value is False:
+        return 0
+    if isinstance(value, list | tuple):
+        return len(value)
+    try:
+        count = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        logger.warning("server.trusted_proxies=%r is not a count or a list; using 0", value)
+        return 0
+    return max(count, 0)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the app and the agent side need to know about the installation."""
@@ -85,6 +129,9 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     config_path: Path | None = None
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    database_url: str | None = None
+    trusted_proxies: int = 0
     # A connection that sends or receives nothing for this long is dropped: a stalled
     # upload (its staging file removed), a download nobody reads, headers that never end.
     idle_timeout_seconds: float = 60.0
@@ -262,6 +309,7 @@ def load_settings(
     config = read_config_file(path, env) if path is not None else {}
     uploads = _section(config, "uploads")
     server = _section(config, "server")
+    database = _section(config, "database")
     origins = _string_list(server.get("allowed_origins"))
     limits = UploadLimits.from_mapping(uploads)
     return Settings(
@@ -275,6 +323,9 @@ def load_settings(
         allowed_origins=tuple(o.strip().rstrip("/").lower() for o in origins),
         allowed_hosts=allowed_hosts_from(server, env),
         config_path=path,
+        auth=auth_from(_section(config, "auth"), env),
+        database_url=env.get("DATABASE_URL") or database.get("url") or None,
+        trusted_proxies=_trusted_proxies(server.get("trusted_proxies")),
         idle_timeout_seconds=positive_setting(
             server, "idle_timeout_seconds", Settings.idle_timeout_seconds
         ),

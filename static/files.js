@@ -4,7 +4,7 @@
  * which asks for confirmation itself); the script only keeps people on the page. User
  * strings (file names) are only ever written with textContent, never as HTML.
  */
-import { csrfToken, detailOf, showDialog, t, visible } from "./common.js";
+import { csrfHeaders, csrfToken, detailOf, showDialog, t, visible } from "./common.js";
 
 let refresher = function () {
   return Promise.resolve();
@@ -209,7 +209,7 @@ function init() {
     showState(name, "queued");
     fetch(button.getAttribute("data-url"), {
       method: "POST",
-      headers: { Accept: "application/json", "X-CSRFToken": csrfToken },
+      headers: Object.assign({ Accept: "application/json" }, csrfHeaders()),
       credentials: "same-origin",
     })
       .then(function (response) {

@@ -9,7 +9,7 @@
  * resumable threshold go through resumable.js (tus) one by one instead, each its own upload,
  * so the per-request count and total limits do not apply to them.
  */
-import { csrfToken, detailOf, formatSize, showDialog, t } from "./common.js";
+import { csrfHeaders, detailOf, formatSize, showDialog, t } from "./common.js";
 import { refreshList } from "./files.js";
 import { resumableUploads } from "./resumable.js";
 
@@ -314,7 +314,10 @@ function init() {
       var url = root.getAttribute("data-upload-url") + "?on_conflict=" + encodeURIComponent(onConflict);
       xhr.open("POST", url);
       xhr.setRequestHeader("Accept", "application/json");
-      xhr.setRequestHeader("X-CSRFToken", csrfToken);
+      var csrf = csrfHeaders();
+      Object.keys(csrf).forEach(function (name) {
+        xhr.setRequestHeader(name, csrf[name]);
+      });
       xhr.upload.addEventListener("progress", function (event) {
         if (!event.lengthComputable) {
           return;

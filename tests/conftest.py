@@ -1,7 +1,15 @@
-"""Shared fixtures: an app over a fresh data dir, its client, and an upload helper."""
+"""Shared fixtures: an app over a fresh data dir, its client, and an upload helper.
+
+The suite runs in both modes of SPEC 7.1 (`make test` runs it twice). With accounts on
+(the default) every app gets a signed-in test user: `app.test_client()` returns a client
+with a live server-side session that echoes the `csrf_token` cookie in `X-CSRF-Token`, and
+the disk helpers below return that user's per-user folders. With `DEER_FLOW_AUTH_DISABLED=1`
+the same tests run against the single-user flat layout of the first release.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -9,14 +17,33 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from argon2 import PasswordHasher
 from flask import Flask
 from flask.testing import FlaskClient
+from werkzeug.datastructures import Headers
 from werkzeug.test import TestResponse
 
+from deerflow_web.services.accounts.passwords import Passwords
+from deerflow_web.settings import parse_bool
 from deerflow_web.web import create_app
+from deerflow_web.web.wiring import EXTENSION_KEY
+
+AUTH_ON = not parse_bool(os.environ.get("DEER_FLOW_AUTH_DISABLED", ""))
+TEST_EMAIL = "tester@example.com"
+TEST_PASSWORD = "a test password"
+# The signed-in test user's id, which the per-user layout puts in every path; None selects
+# the flat layout, as the app itself does with accounts off.
+USER_ID: str | None = "test-user" if AUTH_ON else None
+
+# argon2id at its cheapest: the suite signs in thousands of times. Tests of the real
+# parameters build their own `Passwords()`.
+FAST_PASSWORDS = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
+
+needs_auth = pytest.mark.skipif(not AUTH_ON, reason="accounts are off (DEER_FLOW_AUTH_DISABLED)")
 
 T = TypeVar("T")
 
@@ -43,20 +70,104 @@ def base_dir(tmp_path: Path) -> Path:
 def make_app(base_dir: Path, tmp_path: Path) -> Iterator[Any]:
     """Build an app, optionally with an `uploads:` config section written to a YAML file."""
 
-    def factory(uploads: dict[str, Any] | None = None, **overrides: Any) -> Flask:
+    def factory(
+        uploads: dict[str, Any] | None = None,
+        *,
+        auth: dict[str, Any] | None = None,
+        server: dict[str, Any] | None = None,
+        test_user: bool = True,
+        **overrides: Any,
+    ) -> Flask:
+        """`uploads`, `auth` and `server` become sections of a config file; with
+        `test_user=False` the app starts as a fresh install (no account yet)."""
         config: dict[str, Any] = {
             "TESTING": True,
             "BASE_DIR": str(base_dir),
             "WTF_CSRF_ENABLED": False,
         }
-        if uploads is not None:
+        sections = {
+            name: value
+            for name, value in (("uploads", uploads), ("auth", auth), ("server", server))
+            if value is not None
+        }
+        if sections:
             path = tmp_path / "config.yaml"
-            path.write_text(yaml.safe_dump({"uploads": uploads}), encoding="utf-8")
+            path.write_text(yaml.safe_dump(sections), encoding="utf-8")
             config["CONFIG_PATH"] = str(path)
         config.update(overrides)
-        return create_app(config)
+        app = create_app(config)
+        prepare_test_app(app, test_user=test_user)
+        return app
 
     yield factory
+
+
+def prepare_test_app(app: Flask, *, test_user: bool = True) -> None:
+    """With accounts on: cheap hashing, the test user, and clients that sign in as them."""
+    app.test_client_class = SignedInClient
+    if not app.extensions[EXTENSION_KEY].settings.auth.enabled:
+        return
+    accounts = app.extensions[EXTENSION_KEY].accounts
+    accounts.passwords = Passwords(FAST_PASSWORDS)
+    if not test_user:
+        app.config["NO_TEST_USER"] = True
+        return
+    if accounts.find_by_email(TEST_EMAIL) is None:
+        accounts.create_user(TEST_EMAIL, TEST_PASSWORD, role="admin", user_id=USER_ID)
+
+
+class SignedInClient(FlaskClient):
+    """A test client signed in as the test user (or `user_id=`), sending the CSRF header.
+
+    `app.test_client(user_id=None)` gives an anonymous client; `send_csrf = False` stops
+    the automatic `X-CSRF-Token` header, for tests of the CSRF check itself. With
+    accounts off this is a plain client.
+    """
+
+    def __init__(self, *args: Any, user_id: str | None = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.send_csrf = True
+        services = self.application.extensions[EXTENSION_KEY]
+        if not services.settings.auth.enabled:
+            return
+        chosen = USER_ID if user_id == "" else user_id
+        if self.application.config.get("NO_TEST_USER") and user_id == "":
+            chosen = None
+        if chosen is not None:
+            self.sign_in(chosen)
+
+    def sign_in(self, user_id: str) -> str:
+        """Open a server-side session for the user in this client; returns its secret."""
+        from deerflow_web.web.auth import CSRF_COOKIE
+        from deerflow_web.web.auth import csrf_value
+
+        secret = self.application.extensions[EXTENSION_KEY].accounts.open_session(user_id)
+        with self.session_transaction() as session:
+            session.clear()
+            session["_user_id"] = secret
+            session["_fresh"] = True
+        with self.application.app_context():
+            self.set_cookie(CSRF_COOKIE, csrf_value(secret))
+        return secret
+
+    def open(self, *args: Any, **kwargs: Any) -> TestResponse:
+        if args and not isinstance(args[0], str):
+            return super().open(*args, **kwargs)  # a prepared request (redirects)
+        headers = Headers(kwargs.get("headers") or {})
+        cookies = [self.get_cookie(name) for name in ("session", "csrf_token")]
+        host = headers.get("Host") or urlsplit(kwargs.get("base_url") or "").netloc
+        hostname = urlsplit(f"http://{host}").hostname if host else None
+        if hostname and hostname != "localhost":
+            # The jar sends cookies by domain; tests of other Host headers and base URLs
+            # are still made by the signed-in user.
+            for cookie in cookies:
+                if cookie is not None:
+                    self.set_cookie(cookie.key, cookie.value, domain=hostname)
+        csrf = cookies[1]
+        if self.send_csrf and csrf is not None and "X-CSRF-Token" not in headers:
+            headers["X-CSRF-Token"] = csrf.value
+        kwargs["headers"] = headers
+        return super().open(*args, **kwargs)
 
 
 @pytest.fixture
@@ -67,7 +178,7 @@ def app(make_app: Any) -> Flask:
 
 @pytest.fixture
 def client(app: Flask) -> FlaskClient:
-    """A test client of `app`."""
+    """A test client of `app` (signed in as the test user when accounts are on)."""
     return app.test_client()
 
 
@@ -100,9 +211,68 @@ def uploads(client: FlaskClient) -> UploadActions:
     return UploadActions(client)
 
 
-def uploads_dir(base_dir: Path, thread_id: str) -> Path:
-    """The flat-layout uploads folder of a thread."""
-    return base_dir / "threads" / thread_id / "user-data" / "uploads"
+def thread_dir(base_dir: Path, thread_id: str, user_id: str | None = USER_ID) -> Path:
+    """A thread's folder in the layout of the current mode (SPEC D1)."""
+    if user_id is None:
+        return base_dir / "threads" / thread_id
+    return base_dir / "users" / user_id / "threads" / thread_id
+
+
+def threads_root(base_dir: Path, user_id: str | None = USER_ID) -> Path:
+    """The folder holding the threads of the current mode's layout."""
+    return thread_dir(base_dir, "x", user_id).parent
+
+
+def user_data_dir(base_dir: Path, thread_id: str, user_id: str | None = USER_ID) -> Path:
+    """The folder agents see as /mnt/user-data."""
+    return thread_dir(base_dir, thread_id, user_id) / "user-data"
+
+
+def uploads_dir(base_dir: Path, thread_id: str, user_id: str | None = USER_ID) -> Path:
+    """A thread's uploads folder in the layout of the current mode."""
+    return user_data_dir(base_dir, thread_id, user_id) / "uploads"
+
+
+# A fixed token for servers started in a subprocess (gunicorn): raw HTTP requests send it.
+SERVER_TOKEN = "dfw_test-token-of-the-subprocess-servers-0123456789"
+
+
+def auth_header_line() -> str:
+    """`Authorization: Bearer ...\\r\\n` with accounts on, nothing with them off."""
+    return f"Authorization: Bearer {SERVER_TOKEN}\r\n" if AUTH_ON else ""
+
+
+def provision_server_user(base_dir: Path) -> None:
+    """Before a subprocess server starts on `base_dir`: the test user and SERVER_TOKEN."""
+    if not AUTH_ON:
+        return
+    import hashlib
+    import time
+
+    from sqlalchemy import insert
+
+    from deerflow_web.services.accounts.service import AccountService
+    from deerflow_web.storage.database import api_tokens
+    from deerflow_web.storage.database import create_schema
+    from deerflow_web.storage.database import default_database_url
+    from deerflow_web.storage.database import make_engine
+
+    engine = make_engine(default_database_url(base_dir))
+    create_schema(engine)
+    accounts = AccountService(engine, Passwords(FAST_PASSWORDS))
+    if accounts.find_by_email(TEST_EMAIL) is None:
+        accounts.create_user(TEST_EMAIL, TEST_PASSWORD, role="admin", user_id=USER_ID)
+        with engine.begin() as db:
+            db.execute(
+                insert(api_tokens).values(
+                    id="server-token",
+                    token_hash=hashlib.sha256(SERVER_TOKEN.encode()).hexdigest(),
+                    user_id=USER_ID,
+                    name="subprocess servers",
+                    created_at=time.time(),
+                )
+            )
+    engine.dispose()
 
 
 def wait_until(condition: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.05) -> T:

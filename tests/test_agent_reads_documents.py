@@ -116,7 +116,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
         paragraphs=(f"The {DOCX_WORD} mine reopened.",),
     )
     _save(service, pdf, docx)
-    folder = uploads_dir(base_dir, "t1")
+    folder = uploads_dir(base_dir, "t1", None)
     assert sorted(p.name for p in folder.iterdir()) == ["letter.pdf", "report.docx"]
 
     outline_line: dict[str, int] = {}
@@ -274,7 +274,7 @@ def test_grep_names_a_document_that_is_still_converting(
     made = tmp_path / "made"
     made.mkdir()
     _save(service, make_pdf(made / "letter.pdf"))
-    (uploads_dir(base_dir, "t1") / "notes.txt").write_text("Hello notes\n", encoding="utf-8")
+    (uploads_dir(base_dir, "t1", None) / "notes.txt").write_text("Hello notes\n", encoding="utf-8")
     tools = {t.name: t for t in make_file_tools(base_dir=base_dir, read_wait_seconds=0.01)}
 
     result = tools["grep"].invoke(
@@ -316,12 +316,12 @@ def test_a_document_that_cannot_be_read_gives_the_reason(
     )
 
     assert message.startswith(f"Cannot read {UPLOADS}/{name}: {reason}")
-    assert [p.name for p in uploads_dir(base_dir, "t1").iterdir()] == [name]  # no .md
+    assert [p.name for p in uploads_dir(base_dir, "t1", None).iterdir()] == [name]  # no .md
     assert service.get_upload("t1", name).conversion_state is ConversionState.FAILED
 
 
 def test_a_document_under_a_hiding_name_is_not_read_as_text(base_dir: Path, tmp_path: Path) -> None:
-    folder = uploads_dir(base_dir, "t1")
+    folder = uploads_dir(base_dir, "t1", None)
     folder.mkdir(parents=True)
     make_pdf(folder / "scan")  # a PDF without its extension: mostly ASCII bytes
     read = make_read_file_tool(base_dir=base_dir)

@@ -57,14 +57,16 @@ def test_explicit_conversion_records_the_companion(service, base_dir: Path) -> N
     assert status.record.conversion_state is ConversionState.DONE
     assert status.companion.filename == "report.md"
     assert status.companion.converted_from == "report.pdf"
-    assert (uploads_dir(base_dir, "T") / "report.md").read_text() == "# converted report.pdf\n"
+    assert (
+        uploads_dir(base_dir, "T", None) / "report.md"
+    ).read_text() == "# converted report.pdf\n"
 
 
 def test_a_users_md_is_never_overwritten(service, base_dir: Path) -> None:
     save(service, (b"USER_MARKDOWN", "notes.md"), (b"PK\x03\x04", "notes.docx"))
     status = jobs_with(service, fake_converter()).convert("T", "notes.docx")
     assert status.companion.filename == "notes_1.md"
-    assert (uploads_dir(base_dir, "T") / "notes.md").read_bytes() == b"USER_MARKDOWN"
+    assert (uploads_dir(base_dir, "T", None) / "notes.md").read_bytes() == b"USER_MARKDOWN"
 
 
 def test_reconversion_replaces_its_own_companion(service, base_dir: Path) -> None:
@@ -74,7 +76,7 @@ def test_reconversion_replaces_its_own_companion(service, base_dir: Path) -> Non
     jobs.convert("T", "a.pdf")
     status = jobs.convert("T", "a.pdf")
     assert status.companion.filename == "a.md"
-    assert (uploads_dir(base_dir, "T") / "a.md").read_text() == "# second\n"
+    assert (uploads_dir(base_dir, "T", None) / "a.md").read_text() == "# second\n"
     assert [r.filename for r in service.list_uploads("T")] == ["a.md", "a.pdf"]
 
 
@@ -85,7 +87,7 @@ def test_same_stem_documents_get_their_own_companions(service, base_dir: Path) -
     assert sorted(companions) == ["a.docx", "a.pdf"]
     assert companions["a.docx"].filename == "a.md"
     assert companions["a.pdf"].filename == "a_1.md"
-    folder = uploads_dir(base_dir, "T")
+    folder = uploads_dir(base_dir, "T", None)
     assert (folder / "a.md").read_text() == "# converted a.docx\n"
     assert (folder / "a_1.md").read_text() == "# converted a.pdf\n"
 
@@ -117,7 +119,7 @@ def test_failure_is_recorded_and_keeps_the_original(service, base_dir: Path) -> 
     assert status.record.conversion_state is ConversionState.FAILED
     assert status.record.conversion_error == "bad.pdf is corrupt"
     assert status.companion is None
-    assert sorted(p.name for p in uploads_dir(base_dir, "T").iterdir()) == ["bad.pdf"]
+    assert sorted(p.name for p in uploads_dir(base_dir, "T", None).iterdir()) == ["bad.pdf"]
 
 
 def test_slow_job_answers_queued_then_finishes(service) -> None:
@@ -174,7 +176,7 @@ def test_result_of_a_file_replaced_meanwhile_is_dropped(service, base_dir: Path)
 
     save(service, (b"%PDF old", "a.pdf"))
     jobs_with(service, replace_then_convert).convert("T", "a.pdf")
-    assert sorted(p.name for p in uploads_dir(base_dir, "T").iterdir()) == ["a.pdf"]
+    assert sorted(p.name for p in uploads_dir(base_dir, "T", None).iterdir()) == ["a.pdf"]
 
 
 # --- HTTP surface, with the real isolated converter on generated documents -------------------

@@ -18,6 +18,7 @@ from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 from deerflow_web.settings import load_settings
 from deerflow_web.web import create_app
+from tests.conftest import prepare_test_app
 from tests.conftest import uploads_dir
 
 
@@ -63,7 +64,7 @@ def test_jobs_past_the_bound_are_refused_and_nothing_is_marked(base_dir: Path) -
 def _app(base_dir: Path, tmp_path: Path, config: dict[str, Any]) -> Any:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return create_app(
+    app = create_app(
         {
             "TESTING": True,
             "BASE_DIR": str(base_dir),
@@ -71,6 +72,8 @@ def _app(base_dir: Path, tmp_path: Path, config: dict[str, Any]) -> Any:
             "CONFIG_PATH": str(path),
         }
     )
+    prepare_test_app(app)  # signed-in clients when accounts are on
+    return app
 
 
 def test_full_queue_answers_429_with_retry_after_and_a_flash(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-FLASK = ("flask", "flask_babel", "flask_wtf", "werkzeug", "wtforms", "jinja2")
+FLASK = ("flask", "flask_babel", "flask_login", "flask_wtf", "werkzeug", "wtforms", "jinja2")
 LANGCHAIN = ("langchain", "langchain_core", "langgraph")
 
 # package -> top-level modules that no module of it may import, directly or through others

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import UploadActions
+from conftest import auth_header_line
+from conftest import provision_server_user
 from conftest import uploads_dir
 from conftest import wait_until
 
@@ -26,6 +28,7 @@ from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.paths import ThreadPaths
 
 ROOT = Path(__file__).resolve().parents[1]
+HOST = "Host: 127.0.0.1\r\n" + auth_header_line()  # raw requests carry the test user's token
 
 
 def test_sweep_removes_only_stale_staging_files(base_dir: Path) -> None:
@@ -122,6 +125,7 @@ def free_port() -> int:
 
 
 def start_server(base_dir: Path, port: int, config: Path | None = None) -> subprocess.Popen:
+    provision_server_user(base_dir)
     env = {**os.environ, "DEER_FLOW_HOME": str(base_dir)}
     if config is not None:
         env["DEER_FLOW_CONFIG_PATH"] = str(config)
@@ -162,9 +166,7 @@ def start_server(base_dir: Path, port: int, config: Path | None = None) -> subpr
 
 def http(port: int, method: str, path: str) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(
-            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
-        )
+        sock.sendall(f"{method} {path} HTTP/1.1\r\n{HOST}Connection: close\r\n\r\n".encode())
         return b"".join(iter(lambda: sock.recv(65536), b""))
 
 
@@ -176,8 +178,8 @@ def test_server_killed_mid_upload(base_dir: Path) -> None:
         head = b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="big.bin"\r\n\r\n'
         sock = socket.create_connection(("127.0.0.1", port))
         sock.sendall(
-            b"POST /api/threads/T/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: multipart/form-data; boundary=XYZ\r\n"
+            f"POST /api/threads/T/uploads HTTP/1.1\r\n{HOST}".encode()
+            + b"Content-Type: multipart/form-data; boundary=XYZ\r\n"
             b"Content-Length: 100000000\r\n\r\n" + head + b"y" * 3_000_000
         )
         wait_until(lambda: folder.exists() and os.listdir(folder))
@@ -227,7 +229,7 @@ def upload_request(name: str, data: bytes, chunked: bool = False) -> bytes:
         + b"\r\n--XYZ--\r\n"
     )
     head = (
-        "POST /api/threads/T/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"POST /api/threads/T/uploads HTTP/1.1\r\n{HOST}"
         "Content-Type: multipart/form-data; boundary=XYZ\r\n"
     )
     if not chunked:
@@ -237,7 +239,7 @@ def upload_request(name: str, data: bytes, chunked: bool = False) -> bytes:
     return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + encoded + b"0\r\n\r\n"
 
 
-LIST_REQUEST = b"GET /api/threads/T/uploads/list HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+LIST_REQUEST = f"GET /api/threads/T/uploads/list HTTP/1.1\r\n{HOST}\r\n".encode()
 
 
 def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> None:
@@ -329,11 +331,11 @@ def test_concurrent_processes_writing_one_name(base_dir: Path) -> None:
 
     service = make_upload_service(base_dir)
     [record] = service.list_uploads("T")
-    data = (uploads_dir(base_dir, "T") / "same.txt").read_bytes()
+    data = (uploads_dir(base_dir, "T", None) / "same.txt").read_bytes()
     assert hashlib.sha256(data).hexdigest() == record.sha256
     assert record.source.value == "upload"  # the record was written with the bytes
     assert len(data) == record.size and data[:1] in (b"A", b"B", b"C")
-    assert os.listdir(uploads_dir(base_dir, "T")) == ["same.txt"]
+    assert os.listdir(uploads_dir(base_dir, "T", None)) == ["same.txt"]
 
 
 def test_api_refuses_cross_site_browser_requests(make_app, tmp_path: Path) -> None:

@@ -55,7 +55,13 @@ def gunicorn(base_dir: Path, tmp_path: Path, **uploads: object) -> Iterator[int]
         yaml.safe_dump({"server": {"idle_timeout_seconds": IDLE_SECONDS}, "uploads": uploads})
     )
     port = free_port()
-    env = {**os.environ, "DEER_FLOW_HOME": str(base_dir), "DEER_FLOW_CONFIG_PATH": str(config)}
+    env = {
+        **os.environ,
+        "DEER_FLOW_HOME": str(base_dir),
+        "DEER_FLOW_CONFIG_PATH": str(config),
+        # The server mechanics are the same with accounts on; these raw clients sign in as no one.
+        "DEER_FLOW_AUTH_DISABLED": "1",
+    }
     process = subprocess.Popen(
         [
             sys.executable,
@@ -163,7 +169,7 @@ def test_health_endpoints_under_gunicorn(base_dir: Path, tmp_path: Path) -> None
 def test_a_stalled_upload_is_cut_and_its_staging_file_removed(
     base_dir: Path, tmp_path: Path
 ) -> None:
-    folder = uploads_dir(base_dir, "T")
+    folder = uploads_dir(base_dir, "T", None)
     with gunicorn(base_dir, tmp_path) as port:
         head, _tail = upload_head("T", "slow.bin", 1_000_000)
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
@@ -194,12 +200,12 @@ def test_an_upload_that_keeps_sending_slowly_is_not_cut(base_dir: Path, tmp_path
             sock.sendall(tail)
             answer = b"".join(iter(lambda: sock.recv(65536), b""))
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-        assert (uploads_dir(base_dir, "T") / "steady.bin").read_bytes() == b"s" * size
+        assert (uploads_dir(base_dir, "T", None) / "steady.bin").read_bytes() == b"s" * size
 
 
 def test_a_client_that_stops_reading_a_download_is_dropped(base_dir: Path, tmp_path: Path) -> None:
     size = 64 * 1024 * 1024  # far more than the socket buffers on both sides hold
-    folder = uploads_dir(base_dir, "T")
+    folder = uploads_dir(base_dir, "T", None)
     folder.mkdir(parents=True)
     with open(folder / "big.bin", "wb") as handle:
         handle.truncate(size)
@@ -252,5 +258,5 @@ def test_conversion_jobs_and_their_waits_under_the_gevent_worker(
             return "notes.md" in states
 
         assert wait_for(converted, 240)
-    markdown = (uploads_dir(base_dir, "T") / "notes.md").read_text(encoding="utf-8")
+    markdown = (uploads_dir(base_dir, "T", None) / "notes.md").read_text(encoding="utf-8")
     assert "Quarterly notes" in markdown

@@ -40,7 +40,7 @@ def files(*pairs: tuple[str, bytes]) -> list[IncomingFile]:
 
 def folder_state(base_dir: Path) -> dict[str, bytes]:
     """Every entry of the uploads folder (staging files included) with its bytes."""
-    folder = uploads_dir(base_dir, "T")
+    folder = uploads_dir(base_dir, "T", None)
     if not folder.exists():
         return {}
     return {p.name: p.read_bytes() for p in folder.iterdir()}
@@ -137,7 +137,7 @@ def test_rename_moves_bytes_and_record(service: UploadService, base_dir: Path) -
 
 def test_delete_cascades_to_the_companion_only(service: UploadService, base_dir: Path) -> None:
     service.save_uploads("T", files(("r.docx", b"PK\x03\x04doc"), ("notes.md", b"mine")))
-    folder = uploads_dir(base_dir, "T")
+    folder = uploads_dir(base_dir, "T", None)
     (folder / "r.md").write_text("# converted\n")  # DeerFlow's companion name, found on disk
     service.list_uploads("T")
     assert service.delete_upload("T", "r.docx") == ["r.docx", "r.md"]

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 from conftest import UploadActions
+from conftest import user_data_dir
 
 URL = "/api/threads/T/artifacts/mnt/user-data"
 
 
 def put(base_dir: Path, relative: str, data: bytes) -> Path:
-    path = base_dir / "threads" / "T" / "user-data" / relative
+    path = user_data_dir(base_dir, "T") / relative
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path

@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 
 from conftest import UploadActions
+from conftest import threads_root
 from conftest import uploads_dir
+from conftest import user_data_dir
 
 
 def on_disk(base_dir: Path, *names: str, thread_id: str = "T") -> Path:
@@ -49,7 +51,7 @@ def test_list_skips_subdirectories_and_symlinks(uploads: UploadActions, base_dir
 def test_list_of_unknown_thread_creates_nothing(client, base_dir: Path) -> None:
     response = client.get("/api/threads/nobody/uploads/list")
     assert response.get_json() == {"files": [], "count": 0}
-    assert not (base_dir / "threads").exists()
+    assert not threads_root(base_dir).exists()
 
 
 def test_list_shows_companions_found_on_disk(uploads: UploadActions, base_dir: Path) -> None:
@@ -149,7 +151,7 @@ def test_delete_percent_encoded_name(uploads: UploadActions, client) -> None:
 
 
 def test_delete_with_encoded_slash_never_leaves_the_folder(client, base_dir: Path) -> None:
-    victim = base_dir / "threads" / "T" / "user-data" / "x"
+    victim = user_data_dir(base_dir, "T") / "x"
     victim.parent.mkdir(parents=True)
     victim.write_text("x")
     response = client.delete("/api/threads/T/uploads/..%2Fx")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import UploadActions
+from conftest import threads_root
 from conftest import uploads_dir
 
 UPLOAD_KEYS = {
@@ -69,7 +70,8 @@ def test_path_is_relative_inside_the_working_dir(
     monkeypatch.chdir(tmp_path)
     client = make_app(BASE_DIR=str(tmp_path / ".deer-flow")).test_client()
     entry = UploadActions(client).upload("T", (b"x", "a.txt")).get_json()["files"][0]
-    assert entry["path"] == ".deer-flow/threads/T/user-data/uploads/a.txt"
+    expected = uploads_dir(Path(".deer-flow"), "T") / "a.txt"
+    assert entry["path"] == expected.as_posix()
 
 
 def test_same_name_twice_in_one_request(uploads: UploadActions, base_dir: Path) -> None:
@@ -342,7 +344,7 @@ def test_missing_files_field_is_a_validation_error(client, base_dir: Path) -> No
     assert response.status_code == 422
     detail = response.get_json()["detail"]
     assert isinstance(detail, list) and detail[0]["loc"] == ["body", "files"]
-    assert not (base_dir / "threads").exists()
+    assert not threads_root(base_dir).exists()
 
 
 def test_not_multipart_is_a_validation_error(client) -> None:
@@ -390,7 +392,7 @@ def test_invalid_thread_id_everywhere(client, url: str, base_dir: Path) -> None:
     assert any("thread_id" in item["loc"] for item in response.get_json()["detail"])
     assert (
         list(base_dir.iterdir()) == [base_dir / "secret_key", base_dir / "uploads.sqlite3"]
-        or not (base_dir / "threads").exists()
+        or not threads_root(base_dir).exists()
     )
 
 

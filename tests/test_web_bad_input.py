@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 from conftest import UploadActions
 from conftest import uploads_dir
+from test_robustness import HOST as RAW_HOST
 from test_robustness import free_port
 from test_robustness import start_server
 
 from deerflow_web.web.errors import MALFORMED_BODY
 from deerflow_web.web.errors import NAME_TOO_LONG
+
+HOST = RAW_HOST.encode()  # Host (and, with accounts on, the test token) of raw requests
 
 LONG = "a" * 256
 LONG_UNICODE = "文" * 86  # 258 bytes in UTF-8, 86 characters
@@ -168,15 +171,17 @@ def test_broken_chunked_bodies_under_gunicorn(base_dir: Path) -> None:
     port = free_port()
     server = start_server(base_dir, port)
     upload_head = (
-        b"POST /api/threads/T/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        b"Content-Type: multipart/form-data; boundary=XYZ\r\n"
+        b"POST /api/threads/T/uploads HTTP/1.1\r\n"
+        + HOST
+        + b"Content-Type: multipart/form-data; boundary=XYZ\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n"
     )
     rename_head = (
-        b"POST /api/threads/T/uploads/keep.txt/rename HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"POST /api/threads/T/uploads/keep.txt/rename HTTP/1.1\r\n"
+        + HOST
+        + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
-    list_request = b"GET /api/threads/T/uploads/list HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    list_request = b"GET /api/threads/T/uploads/list HTTP/1.1\r\n" + HOST + b"\r\n"
     try:
         good = b'{"new_name": "x.txt"}'
         part = MULTIPART_HEAD.replace(b"bad.txt", b"keep.txt")

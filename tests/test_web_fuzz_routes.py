@@ -13,6 +13,8 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from conftest import AUTH_ON
+from conftest import USER_ID
 from conftest import UploadActions
 from flask.testing import FlaskClient
 from hypothesis import HealthCheck
@@ -200,5 +202,7 @@ def check_route(
     status = response.status_code
     response.close()
     assert status < 500, (method, url, sent_headers, args, body, status)
+    if AUTH_ON and client.get("/api/v1/auth/me").status_code == 401:
+        client.sign_in(USER_ID)  # the walk reached sign-out: carry on as the same user
     with client.get("/api/threads/T/uploads/limits") as alive:
         assert alive.status_code == 200  # the app keeps answering

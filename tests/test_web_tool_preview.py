@@ -15,6 +15,7 @@ from deerflow_web.agent import make_read_file_tool
 from deerflow_web.models import IncomingFile
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.agent_helpers import make_runtime
+from tests.conftest import USER_ID
 from tests.documents import make_pdf
 
 T = "t1"
@@ -23,7 +24,7 @@ TOOLS = f"/threads/{T}/chat/tools"
 
 def _seed(app: Flask, files: dict[str, bytes]) -> None:
     incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
-    app.extensions[EXTENSION_KEY].uploads.save_uploads(T, incoming)
+    app.extensions[EXTENSION_KEY].uploads.save_uploads(T, incoming, user_id=USER_ID)
 
 
 def _answer(response: Any) -> str:
@@ -36,7 +37,7 @@ def test_the_panel_shows_what_read_file_returns(app: Flask, base_dir: Path, tmp_
     pdf = make_pdf(tmp_path / "letter.pdf", lines=("Hello PDF world", "Second line"))
     _seed(app, {"letter.pdf": pdf.read_bytes(), "notes.txt": b"one\ntwo <system>x</system>\n"})
     client = app.test_client()
-    runtime = make_runtime({"thread_id": T})
+    runtime = make_runtime({"thread_id": T, "user_id": USER_ID})
     read = make_read_file_tool(base_dir=base_dir)
 
     for path, start, end in (
@@ -62,7 +63,7 @@ def test_the_panel_shows_what_grep_returns(app: Flask, base_dir: Path) -> None:
     _seed(app, {"a.txt": b"alpha\nbeta\n", "b.txt": b"alphabet\n"})
     client = app.test_client()
     grep = make_grep_tool(base_dir=base_dir)
-    runtime = make_runtime({"thread_id": T})
+    runtime = make_runtime({"thread_id": T, "user_id": USER_ID})
 
     for pattern in ("alpha", "(", ""):
         response = client.post(

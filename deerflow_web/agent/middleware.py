@@ -40,10 +40,11 @@ from deerflow_web.agent.messages import legacy_text
 from deerflow_web.agent.messages import state_messages
 from deerflow_web.agent.messages import state_value
 from deerflow_web.agent.messages import with_upload_block
+from deerflow_web.agent.runtime import auth_required
 from deerflow_web.agent.runtime import context_value
+from deerflow_web.agent.runtime import required_user_id
 from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
-from deerflow_web.agent.runtime import user_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
@@ -85,6 +86,7 @@ class ThreadDataMiddleware(AgentMiddleware):
         lazy_init: bool = True,
         *,
         paths: ThreadPaths | None = None,
+        require_user: bool | None = None,
     ) -> None:
         """Configure the middleware.
 
@@ -93,8 +95,11 @@ class ThreadDataMiddleware(AgentMiddleware):
             lazy_init: True only computes paths; False creates the folders first, for
                 tools that write before anything else would create them.
             paths: A ready `ThreadPaths`, shared with the rest of the app (wins over base_dir).
+            require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+                follows the app's settings when they are used, else False.
         """
         super().__init__()
+        self._require_user = auth_required(require_user, base_dir is None and paths is None)
         self._paths = resolve_thread_paths(base_dir, paths)
         self._lazy_init = lazy_init
 
@@ -109,7 +114,7 @@ class ThreadDataMiddleware(AgentMiddleware):
         thread_id = thread_id_from(runtime)
         if thread_id is None:
             raise ValueError(THREAD_ID_REQUIRED)
-        user_id = user_id_from(runtime)
+        user_id = required_user_id(runtime, self._require_user)
         if not self._lazy_init:
             self._paths.ensure_thread_dirs(thread_id, user_id)
             logger.debug("created folders of thread %s", thread_id)
@@ -154,6 +159,7 @@ class UploadsMiddleware(AgentMiddleware):
         mode: UploadsMode = "current",
         upload_service: UploadLister | None = None,
         paths: ThreadPaths | None = None,
+        require_user: bool | None = None,
     ) -> None:
         """Configure the middleware.
 
@@ -165,6 +171,8 @@ class UploadsMiddleware(AgentMiddleware):
             upload_service: Source of the thread's upload records (`list_uploads`); None
                 derives them from the uploads folder.
             paths: A ready `ThreadPaths`, shared with the rest of the app (wins over base_dir).
+            require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+                follows the app's settings when they are used, else False.
 
         Raises:
             ValueError: A cap below 1 or an unknown mode.
@@ -174,6 +182,7 @@ class UploadsMiddleware(AgentMiddleware):
             raise ValueError("max_files_per_context_section must be at least 1")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        self._require_user = auth_required(require_user, base_dir is None and paths is None)
         self._paths = resolve_thread_paths(base_dir, paths)
         self._max_files = max_files_per_context_section
         self._mode = mode
@@ -205,7 +214,7 @@ class UploadsMiddleware(AgentMiddleware):
 
     def _current(self, state: Any, runtime: Any) -> dict[str, Any]:
         thread_id = thread_id_from(runtime)
-        user_id = user_id_from(runtime)
+        user_id = required_user_id(runtime, self._require_user)
         uploads_dir = None
         records = None
         if thread_id is not None:
@@ -243,7 +252,7 @@ class UploadsMiddleware(AgentMiddleware):
         thread_id = thread_id_from(runtime)
         if thread_id is None:
             return {"uploaded_files": []}
-        user_id = user_id_from(runtime)
+        user_id = required_user_id(runtime, self._require_user)
         records = self._records(thread_id, user_id)
         if records is None:
             return {"uploaded_files": []}
@@ -269,7 +278,7 @@ class UploadsMiddleware(AgentMiddleware):
         if not messages:
             return None
         shown = _legacy_shown_names(messages[:-1])
-        uploads_dir = self._uploads_dir(thread_id, user_id_from(runtime))
+        uploads_dir = self._uploads_dir(thread_id, required_user_id(runtime, self._require_user))
         if uploads_dir is None:
             return None
         files = [
@@ -300,16 +309,19 @@ def make_upload_middleware(
     lazy_init: bool = True,
     mode: UploadsMode = "current",
     max_files_per_context_section: int = 10,
+    require_user: bool | None = None,
 ) -> list[AgentMiddleware]:
-    """Both middlewares in SPEC 4.7's order, sharing one `ThreadPaths`."""
+    """Both middlewares in SPEC 4.7's order, sharing one `ThreadPaths` and one auth mode."""
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = resolve_thread_paths(base_dir, paths)
     return [
-        ThreadDataMiddleware(lazy_init=lazy_init, paths=thread_paths),
+        ThreadDataMiddleware(lazy_init=lazy_init, paths=thread_paths, require_user=needs_user),
         UploadsMiddleware(
             max_files_per_context_section=max_files_per_context_section,
             mode=mode,
             upload_service=upload_service,
             paths=thread_paths,
+            require_user=needs_user,
         ),
     ]
 

@@ -73,7 +73,42 @@ def thread_id_from(runtime: Any, *, use_config: bool = True) -> str | None:
     return thread_id
 
 
+USER_ID_REQUIRED = (
+    "This run has no user id (runtime context 'user_id' or config.configurable 'user_id'). "
+    "Accounts are on, so a thread's files are only reachable as their owner."
+)
+
+
 def user_id_from(runtime: Any) -> str | None:
-    """The run's user id from the context; None selects the flat layout (SPEC D1, case 90)."""
+    """The run's user id: context first, then the run config (SPEC 7.4).
+
+    None selects the flat layout (SPEC D1, case 90), which only the single-user mode may use.
+    """
     user_id = context_value(runtime, "user_id")
+    if user_id is None:
+        user_id = configurable_value(runtime, "user_id")
     return user_id or None
+
+
+def auth_required(explicit: bool | None, uses_app_settings: bool) -> bool:
+    """Whether runs must name their user.
+
+    An explicit flag wins. Components built on the app's own settings (no base dir given)
+    follow its mode, so a deployment with accounts on never serves the flat layout; those
+    given a base dir directly (tests, scripts) default to the single-user behaviour.
+    """
+    if explicit is not None:
+        return explicit
+    if not uses_app_settings:
+        return False
+    from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
+
+    return load_settings().auth.enabled
+
+
+def required_user_id(runtime: Any, required: bool) -> str | None:
+    """The run's user id; ValueError when the mode needs one and the run has none."""
+    user_id = user_id_from(runtime)
+    if user_id is None and required:
+        raise ValueError(USER_ID_REQUIRED)
+    return user_id

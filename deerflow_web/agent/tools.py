@@ -32,9 +32,10 @@ from langchain_core.tools import ToolException
 from langchain_core.tools import tool
 
 from deerflow_web.agent.messages import state_value
+from deerflow_web.agent.runtime import auth_required
+from deerflow_web.agent.runtime import required_user_id
 from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
-from deerflow_web.agent.runtime import user_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
@@ -114,16 +115,25 @@ def _current_run_names(runtime: Any) -> set[str]:
         return set()
 
 
+def _user_id(runtime: Any, require_user: bool) -> str | None:
+    """The run's user; a tool error (never the flat layout) when accounts need one."""
+    try:
+        return required_user_id(runtime, require_user)
+    except ValueError as error:
+        raise ToolException(str(error)) from error
+
+
 def _user_data(
     paths: ThreadPaths,
     runtime: Any,
     documents: DocumentSource | None,
     lister: UploadLister | None,
+    require_user: bool,
 ) -> UserDataFiles:
     thread_id = thread_id_from(runtime)
     if thread_id is None:
         raise ToolException("No thread is attached to this run, so there are no files to read.")
-    user_id = user_id_from(runtime)
+    user_id = _user_id(runtime, require_user)
 
     def listed_upload(name: str) -> bool:
         return lister is not None and any(
@@ -145,9 +155,10 @@ def _in_thread(
     action: Callable[[UserDataFiles], Result],
     documents: DocumentSource | None = None,
     lister: UploadLister | None = None,
+    require_user: bool = False,
 ) -> Result:
     """Run a file action in the run's thread; failures become messages the model can use."""
-    files = _user_data(paths, runtime, documents, lister)
+    files = _user_data(paths, runtime, documents, lister, require_user)
     try:
         return run_file_tool(verb, path, lambda: action(files))
     except FileToolFailure as error:
@@ -159,6 +170,7 @@ def make_list_uploaded_files_tool(
     base_dir: str | os.PathLike[str] | None = None,
     upload_service: UploadLister | None = None,
     paths: ThreadPaths | None = None,
+    require_user: bool | None = None,
 ) -> BaseTool:
     """Build `list_uploaded_files` (SPEC 4.6 with D12's `query` and `extensions`).
 
@@ -166,7 +178,10 @@ def make_list_uploaded_files_tool(
         base_dir: Data root; None uses the app's settings.
         upload_service: Source of upload records; None derives them from the folder.
         paths: A ready `ThreadPaths` (wins over base_dir).
+        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+            follows the app's settings when they are used, else False.
     """
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = resolve_thread_paths(base_dir, paths)
     lister: UploadLister = upload_service or DirectoryUploadLister(thread_paths)
 
@@ -196,7 +211,7 @@ def make_list_uploaded_files_tool(
             return {"files": [], "message": NO_RUNTIME}
         if thread_id is None:
             return {"files": [], "message": THREAD_NOT_FOUND}
-        user_id = user_id_from(runtime)
+        user_id = _user_id(runtime, needs_user)
         try:
             uploads_dir = thread_paths.uploads_dir(thread_id, user_id)
         except DeerFlowError as error:
@@ -223,6 +238,7 @@ def make_read_file_tool(
     conversion_jobs: ConversionJobs | None = None,
     read_wait_seconds: float | None = None,
     documents: DocumentSource | None = None,
+    require_user: bool | None = None,
 ) -> BaseTool:
     """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines).
 
@@ -234,7 +250,10 @@ def make_read_file_tool(
         read_wait_seconds: How long a call waits for a conversion; None uses
             `agent.read_conversion_wait_seconds`.
         documents: A `DocumentSource` shared with `grep` (wins over the three above).
+        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+            follows the app's settings when they are used, else False.
     """
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = resolve_thread_paths(base_dir, paths)
     source = documents or DocumentSource(
         thread_paths,
@@ -269,6 +288,7 @@ def make_read_file_tool(
             lambda files: files.read(path, start_line, end_line),
             documents=source,
             lister=upload_service,
+            require_user=needs_user,
         )
 
     read_file.handle_tool_error = True
@@ -280,8 +300,10 @@ def make_glob_tool(
     base_dir: str | os.PathLike[str] | None = None,
     paths: ThreadPaths | None = None,
     upload_service: UploadLister | None = None,
+    require_user: bool | None = None,
 ) -> BaseTool:
     """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = resolve_thread_paths(base_dir, paths)
 
     @tool(parse_docstring=True)
@@ -305,6 +327,7 @@ def make_glob_tool(
             path,
             lambda files: files.glob(pattern, path),
             lister=upload_service,
+            require_user=needs_user,
         )
 
     glob.handle_tool_error = True
@@ -319,12 +342,14 @@ def make_grep_tool(
     conversion_jobs: ConversionJobs | None = None,
     read_wait_seconds: float | None = None,
     documents: DocumentSource | None = None,
+    require_user: bool | None = None,
 ) -> BaseTool:
     """Build `grep`: search the text of the thread's files with a regular expression.
 
     Documents are searched through their Markdown text, as `read_file` reads them; the
     arguments are `make_read_file_tool`'s.
     """
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = resolve_thread_paths(base_dir, paths)
     source = documents or DocumentSource(
         thread_paths,
@@ -360,6 +385,7 @@ def make_grep_tool(
             lambda files: files.grep(pattern, path, glob, max_results),
             documents=source,
             lister=upload_service,
+            require_user=needs_user,
         )
 
     grep.handle_tool_error = True
@@ -373,6 +399,7 @@ def make_file_tools(
     paths: ThreadPaths | None = None,
     conversion_jobs: ConversionJobs | None = None,
     read_wait_seconds: float | None = None,
+    require_user: bool | None = None,
 ) -> list[BaseTool]:
     """All four tools, sharing one `ThreadPaths` and one set of conversion jobs.
 
@@ -385,7 +412,10 @@ def make_file_tools(
             process; None builds them from the settings on first use.
         read_wait_seconds: How long `read_file` and `grep` wait for a conversion; None
             uses `agent.read_conversion_wait_seconds`.
+        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+            follows the app's settings when they are used, else False.
     """
+    needs_user = auth_required(require_user, base_dir is None and paths is None)
     thread_paths = resolve_thread_paths(base_dir, paths)
     documents = DocumentSource(
         thread_paths,
@@ -394,8 +424,20 @@ def make_file_tools(
         wait_seconds=read_wait_seconds,
     )
     return [
-        make_list_uploaded_files_tool(upload_service=upload_service, paths=thread_paths),
-        make_read_file_tool(paths=thread_paths, upload_service=upload_service, documents=documents),
-        make_glob_tool(paths=thread_paths, upload_service=upload_service),
-        make_grep_tool(paths=thread_paths, upload_service=upload_service, documents=documents),
+        make_list_uploaded_files_tool(
+            upload_service=upload_service, paths=thread_paths, require_user=needs_user
+        ),
+        make_read_file_tool(
+            paths=thread_paths,
+            upload_service=upload_service,
+            documents=documents,
+            require_user=needs_user,
+        ),
+        make_glob_tool(paths=thread_paths, upload_service=upload_service, require_user=needs_user),
+        make_grep_tool(
+            paths=thread_paths,
+            upload_service=upload_service,
+            documents=documents,
+            require_user=needs_user,
+        ),
     ]

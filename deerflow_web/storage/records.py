@@ -338,6 +338,12 @@ class SQLiteUploadRecords:
             for scope, count, total, last in rows
         ]
 
+    def move_scope(self, old: str, new: str) -> int:
+        """Re-key a thread's records after its folder moved (adopting a flat thread)."""
+        with self.locked(old) as txn:
+            cursor = txn._db.execute("UPDATE uploads SET scope = ? WHERE scope = ?", (new, old))
+        return cursor.rowcount
+
     def close(self) -> None:
         """Close the pooled connections (tests open many stores)."""
         self._pool.close()

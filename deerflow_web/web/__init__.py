@@ -22,6 +22,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     `test_config` may name `BASE_DIR` and `CONFIG_PATH` (else DEER_FLOW_HOME and
     DEER_FLOW_CONFIG_PATH apply) and any Flask setting.
     """
+    from deerflow_web.web import auth
+    from deerflow_web.web import cli
     from deerflow_web.web import helpers
     from deerflow_web.web import i18n
     from deerflow_web.web import wiring
@@ -60,6 +62,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     i18n.init_app(app, PROJECT_ROOT / "translations")
     wiring.init_app(app, settings)
     helpers.register(app)
+    app.add_template_global(auth.signed_in, "auth_user")
+    if settings.auth.enabled:
+        auth.init_app(app, settings.trusted_proxies)
+    cli.init_app(app)
 
     from deerflow_web.web import api
     from deerflow_web.web import chat
@@ -72,6 +78,15 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(chat.bp)
+    if settings.auth.enabled:
+        from deerflow_web.web import account_pages
+        from deerflow_web.web import auth_api
+
+        csrf.exempt(auth_api.bp)  # cookie requests carry X-CSRF-Token instead (web/auth.py)
+        csrf.exempt(auth_api.admin_bp)
+        app.register_blueprint(auth_api.bp)
+        app.register_blueprint(auth_api.admin_bp)
+        app.register_blueprint(account_pages.bp)
     app.register_blueprint(health.bp)
     app.after_request(add_security_headers)
     register_error_handlers(app)

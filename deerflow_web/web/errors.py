@@ -14,21 +14,26 @@ from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
+from deerflow_web.errors import AlreadyInitialized
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import ArtifactPrefixError
+from deerflow_web.errors import AuthError
 from deerflow_web.errors import ChecksumMismatch
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import ConversionError
 from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import DeerFlowError
+from deerflow_web.errors import EmailTaken
 from deerflow_web.errors import FileTooLarge
 from deerflow_web.errors import InsufficientStorage
+from deerflow_web.errors import InvalidEmail
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import InvalidOption
 from deerflow_web.errors import InvalidPath
 from deerflow_web.errors import InvalidTusRequest
 from deerflow_web.errors import InvalidUserId
+from deerflow_web.errors import LockedOut
 from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import NameConflict
 from deerflow_web.errors import NoFilesProvided
@@ -37,10 +42,14 @@ from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import OffsetMismatch
 from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import PathTraversal
+from deerflow_web.errors import PermissionDenied
+from deerflow_web.errors import RegistrationDisabled
 from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import ResumableExpired
 from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import StorageFailure
+from deerflow_web.errors import ThreadNotFound
+from deerflow_web.errors import TokenNotFound
 from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import TusVersionMissing
@@ -49,6 +58,9 @@ from deerflow_web.errors import UnsafeFolder
 from deerflow_web.errors import UnsupportedChunkType
 from deerflow_web.errors import UploadBusy
 from deerflow_web.errors import UploadNotFound
+from deerflow_web.errors import UserNotFound
+from deerflow_web.errors import WeakPassword
+from deerflow_web.errors import WrongPassword
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +100,18 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     TusVersionMissing: 412,
     UnsupportedChunkType: 415,
     ChecksumMismatch: 460,
+    ThreadNotFound: 404,
+    AuthError: 401,  # not_authenticated, invalid_credentials, token_invalid, token_expired
+    AlreadyInitialized: 409,
+    EmailTaken: 400,
+    RegistrationDisabled: 403,
+    UserNotFound: 404,
+    WeakPassword: 400,
+    InvalidEmail: 400,
+    WrongPassword: 400,
+    PermissionDenied: 403,
+    TokenNotFound: 404,
+    LockedOut: 429,
 }
 
 
@@ -143,8 +167,10 @@ def register_error_handlers(app: Flask) -> None:
             logger.error("request failed: %s", error, exc_info=error)
         if isinstance(error, InvalidInput) and _wants_json():
             return {"detail": validation_detail(error)}, 422
+        if isinstance(error, AuthError) and _wants_json():
+            return {"detail": {"code": error.code, "message": str(error)}}, status
         headers = []
-        if isinstance(error, ConversionQueueFull):
+        if isinstance(error, ConversionQueueFull | LockedOut):
             headers.append(("Retry-After", str(error.retry_after)))
         return render_error(status, str(error), headers)
 

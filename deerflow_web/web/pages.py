@@ -7,6 +7,7 @@ Views unwrap the request, call a service and render; the rules live in the servi
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -72,16 +73,32 @@ def _back_to_thread(thread_id: str) -> ResponseReturnValue:
 def index() -> str:
     """List every thread, newest change first, with a way to open or start one."""
     service = get_upload_service()
-    threads = list_threads(service.paths, service.records, current_user_id())
+    user_id = current_user_id()
+    visible = None if user_id is None else partial(_visible_threads, user_id)
+    threads = list_threads(service.paths, service.records, user_id, visible=visible)
     return render_template("pages/index.html", threads=threads, new_form=CsrfOnlyForm())
+
+
+def _visible_threads(user_id: str, folder_ids: Collection[str]) -> list[str]:
+    """The user's claimed threads plus unclaimed folders of their own layout (SPEC 7.4)."""
+    owners = get_services().owners
+    claimed = owners.owners_of(folder_ids)
+    mine = [thread_id for thread_id in folder_ids if claimed.get(thread_id, user_id) == user_id]
+    return sorted(set(mine) | set(owners.owned(user_id)))
 
 
 @bp.post("/threads")
 def new_thread() -> ResponseReturnValue:
     """Start a thread with a fresh id and open it."""
-    thread_id = create_thread(get_upload_service().paths, current_user_id())
+    user_id = current_user_id()
+    claim = None if user_id is None else partial(_claim, user_id)
+    thread_id = create_thread(get_upload_service().paths, user_id, claim=claim)
     flash(_("New thread created. Upload files to get started."), "success")
     return _back_to_thread(thread_id)
+
+
+def _claim(user_id: str, thread_id: str) -> None:
+    get_services().owners.claim(thread_id, user_id)
 
 
 @bp.get("/open")

@@ -10,6 +10,9 @@ from pathlib import Path
 from flask import Flask
 from flask import current_app
 
+from deerflow_web.errors import NotAuthenticated
+from deerflow_web.services.accounts.owners import ThreadOwners
+from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
@@ -20,6 +23,9 @@ from deerflow_web.services.uploads.resumable import make_resumable_service
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
+from deerflow_web.storage.database import create_schema
+from deerflow_web.storage.database import default_database_url
+from deerflow_web.storage.database import make_engine
 from deerflow_web.storage.local import sweep_staging_files
 
 EXTENSION_KEY = "deerflow_web"
@@ -41,6 +47,32 @@ class Services:
         self.resumable: ResumableUploadService = make_resumable_service(
             self.intake, expiry_hours=settings.resumable.expiry_hours
         )
+        self._accounts: AccountService | None = None
+        self._owners: ThreadOwners | None = None
+
+    def _open_database(self) -> None:
+        """Create the engine and tables on first use: the single-user mode never needs them."""
+        url = self.settings.database_url or default_database_url(self.settings.base_dir)
+        engine = make_engine(url)
+        create_schema(engine)
+        self._accounts = AccountService(engine)
+        self._owners = ThreadOwners(engine)
+
+    @property
+    def accounts(self) -> AccountService:
+        """Users, sessions, tokens and lockouts (SPEC 7)."""
+        if self._accounts is None:
+            self._open_database()
+        assert self._accounts is not None
+        return self._accounts
+
+    @property
+    def owners(self) -> ThreadOwners:
+        """Who owns which thread (SPEC 7.4)."""
+        if self._owners is None:
+            self._open_database()
+        assert self._owners is not None
+        return self._owners
 
 
 def persistent_secret_key(base_dir: Path) -> str:
@@ -71,6 +103,8 @@ def init_app(app: Flask, settings: Settings) -> None:
     """Attach the services and clear what a killed server left half-written."""
     services = Services(settings)
     services.resumable.sweep_expired()
+    if settings.auth.enabled:
+        services.accounts  # noqa: B018 - create the tables now, not inside a first request
     sweep_staging_files(
         services.uploads.paths.iter_uploads_dirs(), keep=services.resumable.is_live_staging
     )
@@ -101,7 +135,15 @@ def get_tool_preview_service() -> ToolPreviewService:
 def current_user_id() -> str | None:
     """The user whose files a request may touch (SPEC D16).
 
-    There is no authentication yet, so every request uses the flat single-user layout;
-    adding authentication means changing this one function.
+    The signed-in account's id with accounts on (its per-user layout); None with accounts
+    off, which selects the flat single-user layout of the first release.
     """
-    return None
+    from deerflow_web.web.auth import auth_enabled
+    from deerflow_web.web.auth import signed_in
+
+    if not auth_enabled():
+        return None
+    user = signed_in()
+    if user is None:  # never fall back to the shared flat layout
+        raise NotAuthenticated()
+    return user.id

@@ -81,8 +81,13 @@ def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
     """Start the app (CSRF on, as in production) on a free loopback port."""
     servers = []
 
-    def start(uploads: dict[str, Any] | None = None) -> LiveServer:
-        app = make_app(uploads=uploads, WTF_CSRF_ENABLED=True, TESTING=False)
+    def start(uploads: dict[str, Any] | None = None, *, accounts: bool = False) -> LiveServer:
+        """The file-manager tests run single-user (accounts add nothing to what they check);
+        `accounts=True` serves a fresh install with accounts on, for the account tests."""
+        auth = {"enabled": True} if accounts else {"enabled": False}
+        app = make_app(
+            uploads=uploads, auth=auth, test_user=False, WTF_CSRF_ENABLED=True, TESTING=False
+        )
         server = make_server("127.0.0.1", 0, app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,16 +49,25 @@ def _folder_time(paths: ThreadPaths, thread_id: str, user_id: str | None) -> flo
 
 
 def list_threads(
-    paths: ThreadPaths, records: UploadRecords, user_id: str | None = None
+    paths: ThreadPaths,
+    records: UploadRecords,
+    user_id: str | None = None,
+    *,
+    visible: Callable[[Collection[str]], Collection[str]] | None = None,
 ) -> list[ThreadOverview]:
     """Every thread with a folder, newest change first (ties by id, for a stable order).
 
     Records of a thread whose folder was removed behind the app's back are not shown: the
-    index lists what exists.
+    index lists what exists. With accounts on, `visible` narrows the ids to the ones the
+    user may open (theirs, or unclaimed folders in their own layout) and adds their
+    claimed threads that have no folder yet.
     """
     summaries = {summary.scope: summary for summary in records.summaries()}
+    thread_ids: Collection[str] = list(paths.iter_thread_ids(user_id))
+    if visible is not None:
+        thread_ids = visible(thread_ids)
     threads = []
-    for thread_id in paths.iter_thread_ids(user_id):
+    for thread_id in thread_ids:
         summary = summaries.get(paths.scope(thread_id, user_id))
         folder_time = _folder_time(paths, thread_id, user_id)
         if summary is None:
@@ -70,12 +80,20 @@ def list_threads(
     return threads
 
 
-def create_thread(paths: ThreadPaths, user_id: str | None = None) -> str:
+def create_thread(
+    paths: ThreadPaths,
+    user_id: str | None = None,
+    *,
+    claim: Callable[[str], None] | None = None,
+) -> str:
     """Make a fresh thread (a UUID, as DeerFlow's ids are) with its folders, and return it.
 
+    With accounts on, `claim` records the caller as the owner before anything is created.
     The folders are created right away so the new thread shows in the index even before
     the first upload.
     """
     thread_id = str(uuid.uuid4())
+    if claim is not None:
+        claim(thread_id)
     paths.ensure_thread_dirs(thread_id, user_id)
     return thread_id

@@ -1,0 +1,358 @@
+"""Account rules without Flask (SPEC 7.2, 7.3, 7.5): passwords, lockouts, tokens, owners."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from argon2 import PasswordHasher
+from conftest import FAST_PASSWORDS
+from sqlalchemy import select
+from sqlalchemy import update
+
+from deerflow_web.errors import AlreadyInitialized
+from deerflow_web.errors import EmailTaken
+from deerflow_web.errors import InvalidCredentials
+from deerflow_web.errors import InvalidEmail
+from deerflow_web.errors import InvalidInput
+from deerflow_web.errors import LockedOut
+from deerflow_web.errors import ThreadNotFound
+from deerflow_web.errors import TokenExpired
+from deerflow_web.errors import TokenInvalid
+from deerflow_web.errors import TokenNotFound
+from deerflow_web.errors import WeakPassword
+from deerflow_web.errors import WrongPassword
+from deerflow_web.services.accounts.owners import ThreadOwners
+from deerflow_web.services.accounts.passwords import Passwords
+from deerflow_web.services.accounts.passwords import check_password_rules
+from deerflow_web.services.accounts.passwords import normalize_email
+from deerflow_web.services.accounts.service import AccountService
+from deerflow_web.storage.database import api_tokens
+from deerflow_web.storage.database import create_schema
+from deerflow_web.storage.database import default_database_url
+from deerflow_web.storage.database import make_engine
+from deerflow_web.storage.database import sessions
+
+
+class Clock:
+    """A clock the test moves by hand (lockout windows, expiries)."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def engine(tmp_path: Path):
+    engine = make_engine(default_database_url(tmp_path))
+    create_schema(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def accounts(engine, clock: Clock) -> AccountService:
+    return AccountService(engine, Passwords(FAST_PASSWORDS), clock=clock)
+
+
+@pytest.fixture
+def alice(accounts: AccountService):
+    return accounts.create_user("Alice@Example.com", "alice password")
+
+
+# --- passwords and emails ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("password", "reason"),
+    (
+        ("short", "at least 8"),
+        ("1234567", "at least 8"),
+        ("password", "too common"),
+        ("PassWord123", "too common"),  # the list is compared without case
+        ("qwertyuiop", "too common"),
+        ("x" * 1025, "at most 1024"),
+        (None, "must be a string"),
+        (12345678, "must be a string"),
+    ),
+)
+def test_weak_passwords_are_refused(password: object, reason: str) -> None:
+    with pytest.raises(WeakPassword, match=reason):
+        check_password_rules(password)
+
+
+@pytest.mark.parametrize(
+    "email", ("", "plain", "a@b", "a b@example.com", "@example.com", "a@@example.com", 7, None)
+)
+def test_invalid_emails_are_refused(email: object) -> None:
+    with pytest.raises(InvalidEmail):
+        normalize_email(email)
+
+
+def test_emails_are_trimmed_and_lower_cased() -> None:
+    assert normalize_email("  Bob@Example.COM ") == "bob@example.com"
+
+
+def test_hashes_are_argon2id_and_never_the_password() -> None:
+    passwords = Passwords()  # the real, memory-hard parameters
+    hashed = passwords.hash("correct horse")
+    assert hashed.startswith("$argon2id$") and "correct horse" not in hashed
+    assert passwords.verify(hashed, "correct horse")
+    assert not passwords.verify(hashed, "wrong horse")
+
+
+class CountingHasher(PasswordHasher):
+    def __init__(self) -> None:
+        super().__init__(time_cost=1, memory_cost=8, parallelism=1)
+        self.verifications = 0
+
+    def verify(self, hash: str, password: str | bytes) -> bool:  # noqa: A002
+        self.verifications += 1
+        return super().verify(hash, password)
+
+
+def test_unknown_email_costs_one_verification_like_a_wrong_password(engine) -> None:
+    hasher = CountingHasher()
+    accounts = AccountService(engine, Passwords(hasher))
+    accounts.create_user("real@example.com", "real password")
+    with pytest.raises(InvalidCredentials):
+        accounts.authenticate("real@example.com", "wrong password", "10.0.0.1")
+    assert hasher.verifications == 1
+    with pytest.raises(InvalidCredentials) as unknown:
+        accounts.authenticate("nobody@example.com", "wrong password", "10.0.0.2")
+    assert hasher.verifications == 2  # the dummy hash was checked
+    assert str(unknown.value) == "Incorrect email or password"
+
+
+def test_create_user_refuses_a_taken_email_and_bad_roles(accounts, alice) -> None:
+    with pytest.raises(EmailTaken):
+        accounts.create_user("alice@example.com", "another password")
+    with pytest.raises(InvalidInput):
+        accounts.create_user("c@example.com", "some password", role="root")
+    assert [a.email for a in accounts.list_users()] == ["alice@example.com"]
+
+
+def test_initialize_only_once(accounts) -> None:
+    assert accounts.needs_setup()
+    admin = accounts.initialize("root@example.com", "root password")
+    assert admin.is_admin and not accounts.needs_setup()
+    with pytest.raises(AlreadyInitialized):
+        accounts.initialize("other@example.com", "other password")
+
+
+# --- lockouts -----------------------------------------------------------------------------
+
+
+def fail(accounts: AccountService, email: str, address: str, times: int) -> None:
+    for _ in range(times):
+        with pytest.raises(InvalidCredentials):
+            accounts.authenticate(email, "wrong password", address)
+
+
+def test_five_failures_for_an_account_lock_it_for_five_minutes(accounts, alice, clock) -> None:
+    for index in range(5):  # from five different addresses: the account counts
+        fail(accounts, "alice@example.com", f"10.0.0.{index}", 1)
+        clock.now += 10
+    with pytest.raises(LockedOut) as locked:
+        accounts.authenticate("alice@example.com", "alice password", "10.9.9.9")
+    assert locked.value.retry_after == 290  # five minutes from the fifth failure
+    clock.now += 289
+    with pytest.raises(LockedOut):
+        accounts.authenticate("alice@example.com", "alice password", "10.9.9.9")
+    clock.now += 2
+    assert accounts.authenticate("alice@example.com", "alice password", "10.9.9.9") == alice
+
+
+def test_five_failures_from_one_address_lock_the_address(accounts, alice, clock) -> None:
+    for index in range(5):  # five different (unknown) accounts, one address
+        fail(accounts, f"guess{index}@example.com", "10.0.0.66", 1)
+    with pytest.raises(LockedOut):
+        accounts.authenticate("alice@example.com", "alice password", "10.0.0.66")
+    assert accounts.authenticate("alice@example.com", "alice password", "10.0.0.67") == alice
+
+
+def test_failures_older_than_the_window_do_not_count(accounts, alice, clock) -> None:
+    fail(accounts, "alice@example.com", "10.0.0.1", 4)
+    clock.now += 301
+    fail(accounts, "alice@example.com", "10.0.0.1", 4)
+    assert accounts.authenticate("alice@example.com", "alice password", "10.0.0.1") == alice
+
+
+def test_lockout_is_shared_by_every_service_over_the_database(engine, alice, clock) -> None:
+    other_process = AccountService(engine, Passwords(FAST_PASSWORDS), clock=clock)
+    this_process = AccountService(engine, Passwords(FAST_PASSWORDS), clock=clock)
+    fail(this_process, "alice@example.com", "10.0.0.1", 3)
+    fail(other_process, "alice@example.com", "10.0.0.2", 2)
+    with pytest.raises(LockedOut):
+        this_process.authenticate("alice@example.com", "alice password", "10.0.0.3")
+
+
+def test_a_disabled_account_cannot_sign_in(accounts, alice) -> None:
+    accounts.set_disabled(alice.id, True)
+    with pytest.raises(InvalidCredentials):
+        accounts.authenticate("alice@example.com", "alice password", "10.0.0.1")
+
+
+# --- sessions -----------------------------------------------------------------------------
+
+
+def test_sessions_are_stored_hashed_and_end_on_logout(accounts, alice, engine) -> None:
+    secret = accounts.open_session(alice.id)
+    assert accounts.session_user(secret) == alice
+    with engine.connect() as db:
+        stored = db.execute(select(sessions.c.id_hash)).scalars().all()
+    assert secret not in stored and len(stored) == 1
+    accounts.end_session(secret)
+    assert accounts.session_user(secret) is None
+    assert accounts.session_user("forged") is None
+
+
+def test_sessions_expire_after_seven_days(accounts, alice, clock) -> None:
+    secret = accounts.open_session(alice.id)
+    clock.now += 7 * 24 * 3600 + 1
+    assert accounts.session_user(secret) is None
+
+
+def test_password_change_ends_every_other_session(accounts, alice) -> None:
+    here = accounts.open_session(alice.id)
+    elsewhere = accounts.open_session(alice.id)
+    with pytest.raises(WrongPassword):
+        accounts.change_password(alice.id, "not it", "brand new secret", keep_session=here)
+    with pytest.raises(WeakPassword):
+        accounts.change_password(alice.id, "alice password", "password1", keep_session=here)
+    assert accounts.session_user(elsewhere) == alice  # failed changes end nothing
+    accounts.change_password(alice.id, "alice password", "brand new secret", keep_session=here)
+    assert accounts.session_user(here) is not None
+    assert accounts.session_user(elsewhere) is None
+    assert accounts.authenticate("alice@example.com", "brand new secret", "10.0.0.1").id == alice.id
+
+
+def test_disable_and_reset_end_sessions_at_once(accounts, alice) -> None:
+    secret = accounts.open_session(alice.id)
+    accounts.set_disabled(alice.id, True)
+    assert accounts.session_user(secret) is None
+    accounts.set_disabled(alice.id, False)
+    secret = accounts.open_session(alice.id)
+    temporary = accounts.reset_password(alice.id)
+    assert accounts.session_user(secret) is None
+    account = accounts.authenticate("alice@example.com", temporary, "10.0.0.1")
+    assert account.needs_setup
+
+
+# --- API tokens ---------------------------------------------------------------------------
+
+
+def test_tokens_have_32_random_bytes_and_are_stored_hashed(accounts, alice, engine) -> None:
+    created = accounts.create_token(alice.id, "ci")
+    secret = created.secret
+    assert secret.startswith("dfw_") and len(secret) - 4 >= 43  # 32 bytes, base64url
+    assert accounts.token_user(secret) == alice
+    with engine.connect() as db:
+        [row] = db.execute(select(api_tokens)).all()
+    assert secret not in row and row.token_hash != secret
+    assert accounts.list_tokens(alice.id)[0].last_used_at is not None
+
+
+def test_forged_revoked_expired_and_disabled_tokens(accounts, alice, clock, engine) -> None:
+    with pytest.raises(TokenInvalid):
+        accounts.token_user("dfw_forged")
+    revoked = accounts.create_token(alice.id, "old")
+    accounts.revoke_token(alice.id, revoked.token.id)
+    with pytest.raises(TokenInvalid):
+        accounts.token_user(revoked.secret)
+    short = accounts.create_token(alice.id, "short", 1)
+    clock.now += 86400
+    with pytest.raises(TokenExpired):
+        accounts.token_user(short.secret)
+    lasting = accounts.create_token(alice.id, "lasting")
+    accounts.set_disabled(alice.id, True)
+    with pytest.raises(TokenInvalid):
+        accounts.token_user(lasting.secret)
+    accounts.set_disabled(alice.id, False)
+    assert accounts.token_user(lasting.secret) == alice
+
+
+def test_someone_elses_token_cannot_be_revoked(accounts, alice) -> None:
+    bob = accounts.create_user("bob@example.com", "bob password")
+    token = accounts.create_token(alice.id, "mine")
+    with pytest.raises(TokenNotFound):
+        accounts.revoke_token(bob.id, token.token.id)
+    assert accounts.token_user(token.secret) == alice
+
+
+@pytest.mark.parametrize(
+    ("name", "days"),
+    (
+        ("", None),
+        ("   ", None),
+        (None, None),
+        ("x" * 101, None),
+        ("ok", 0),
+        ("ok", -1),
+        ("ok", "7"),
+        ("ok", True),
+        ("ok", 4000),
+        ("ok", 1.5),
+    ),
+)
+def test_bad_token_requests(accounts, alice, name: object, days: object) -> None:
+    with pytest.raises(InvalidInput):
+        accounts.create_token(alice.id, name, days)
+    assert accounts.list_tokens(alice.id) == []
+
+
+def test_expired_token_row_survives_for_the_list(accounts, alice, engine) -> None:
+    created = accounts.create_token(alice.id, "x", 3)
+    with engine.begin() as db:
+        db.execute(update(api_tokens).values(expires_at=0))
+    with pytest.raises(TokenExpired):
+        accounts.token_user(created.secret)
+    assert [t.name for t in accounts.list_tokens(alice.id)] == ["x"]
+
+
+# --- thread owners ------------------------------------------------------------------------
+
+
+def test_first_writer_claims_a_thread(engine, accounts, alice) -> None:
+    bob = accounts.create_user("bob@example.com", "bob password")
+    owners = ThreadOwners(engine)
+    owners.check("t1", bob.id)  # unowned: readable by anyone, claims nothing
+    assert owners.owner("t1") is None
+    owners.claim("t1", alice.id)
+    owners.claim("t1", alice.id)  # again: still hers
+    with pytest.raises(ThreadNotFound, match="Thread t1 not found"):
+        owners.claim("t1", bob.id)
+    with pytest.raises(ThreadNotFound):
+        owners.check("t1", bob.id)
+    assert owners.owned(alice.id) == ["t1"] and owners.owned(bob.id) == []
+
+
+def test_concurrent_claims_have_exactly_one_winner(engine, accounts) -> None:
+    users = [accounts.create_user(f"u{i}@example.com", "same password") for i in range(8)]
+    owners = ThreadOwners(engine)
+    barrier = threading.Barrier(len(users))
+    outcomes: dict[str, str] = {}
+
+    def claim(user_id: str) -> None:
+        barrier.wait()
+        try:
+            owners.claim("race", user_id)
+            outcomes[user_id] = "won"
+        except ThreadNotFound:
+            outcomes[user_id] = "lost"
+
+    workers = [threading.Thread(target=claim, args=(user.id,)) for user in users]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    winners = [user_id for user_id, outcome in outcomes.items() if outcome == "won"]
+    assert len(winners) == 1 and owners.owner("race") == winners[0]
