@@ -73,6 +73,7 @@ class ResumableSettings:
         )
 
 
+@dataclass(frozen=True)
 class AuthSettings:
     """Accounts (SPEC 7.1): on unless DEER_FLOW_AUTH_DISABLED=1 or `auth.enabled: false`."""
 

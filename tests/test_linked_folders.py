@@ -28,6 +28,7 @@ from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import IncomingFile
 from deerflow_web.storage.paths import ThreadPaths
 from tests.agent_helpers import make_runtime
+from tests.conftest import USER_ID
 from tests.conftest import UploadActions
 from tests.conftest import uploads_dir
 from tests.test_agent_loop import AgentContext
@@ -36,15 +37,19 @@ from tests.test_agent_loop import RecordingToolModel
 T = "T"
 AREAS = ("uploads", "workspace", "outputs")
 SECRET = b"OUTSIDE-SECRET\n"
+# What an agent run on thread T carries: the test user's id too when accounts are on.
+CONTEXT: dict[str, str] = {"thread_id": T, **({"user_id": USER_ID} if USER_ID else {})}
 
-# The folder levels, relative to the data dir, for the flat layout of thread T.
+# The folder levels of thread T, relative to the data dir, in the layout of the test user
+# (per-user with accounts on, flat without).
+_ROOT = f"users/{USER_ID}/" if USER_ID else ""
 LEVELS = {
-    "threads": "threads",
-    "thread": f"threads/{T}",
-    "user-data": f"threads/{T}/user-data",
-    "uploads": f"threads/{T}/user-data/uploads",
-    "workspace": f"threads/{T}/user-data/workspace",
-    "outputs": f"threads/{T}/user-data/outputs",
+    "threads": f"{_ROOT}threads",
+    "thread": f"{_ROOT}threads/{T}",
+    "user-data": f"{_ROOT}threads/{T}/user-data",
+    "uploads": f"{_ROOT}threads/{T}/user-data/uploads",
+    "workspace": f"{_ROOT}threads/{T}/user-data/workspace",
+    "outputs": f"{_ROOT}threads/{T}/user-data/outputs",
 }
 
 
@@ -234,7 +239,7 @@ def test_the_agent_tools_answer_a_tool_error(
             "type": "tool_call",
             "id": "c1",
             "name": tool_name,
-            "args": {**args, "runtime": make_runtime({"thread_id": T})},
+            "args": {**args, "runtime": make_runtime(CONTEXT)},
         }
     )
     assert isinstance(message, ToolMessage)
@@ -275,7 +280,7 @@ def test_an_agent_run_goes_on_and_its_tools_refuse(
     result = agent.invoke(
         {"messages": [message]},
         config={"configurable": {"thread_id": T}},
-        context={"thread_id": T},
+        context=CONTEXT,
     )
     assert result["messages"][-1].content == "ok"
     tools = [m for m in model.received[1] if isinstance(m, ToolMessage)]
@@ -313,15 +318,15 @@ def test_the_per_user_levels_are_checked_as_well(
 def test_creating_the_folders_refuses_a_planted_link(base_dir: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
-    (base_dir / "threads" / T).mkdir(parents=True)
+    (base_dir / LEVELS["thread"]).mkdir(parents=True)
     (base_dir / LEVELS["user-data"]).symlink_to(outside, target_is_directory=True)
     with pytest.raises(UnsafeFolder):
-        ThreadPaths(base_dir).ensure_thread_dirs(T)
+        ThreadPaths(base_dir).ensure_thread_dirs(T, USER_ID)
     assert list(outside.iterdir()) == []
 
 
 def test_a_file_in_place_of_a_folder_is_refused(uploads: UploadActions, base_dir: Path) -> None:
-    (base_dir / "threads" / T).mkdir(parents=True)
+    (base_dir / LEVELS["thread"]).mkdir(parents=True)
     (base_dir / LEVELS["user-data"]).write_bytes(b"not a folder")
     response = uploads.upload(T, (b"x", "a.txt"))
     assert response.status_code == 403
@@ -371,7 +376,7 @@ def test_the_agent_tools_do_not_read_a_foreign_hard_link(
 ) -> None:
     service = app.extensions["deerflow_web"].uploads if with_service else None
     tools = {t.name: t for t in make_file_tools(base_dir=base_dir, upload_service=service)}
-    runtime = make_runtime({"thread_id": T})
+    runtime = make_runtime(CONTEXT)
 
     def call(name: str, **args: Any) -> ToolMessage:
         return tools[name].invoke(
@@ -425,5 +430,5 @@ def test_a_link_planted_while_an_upload_streams_is_refused_at_commit(
             return b"payload"
 
     with pytest.raises(UnsafeFolder):
-        service.save_uploads(T, [IncomingFile("a.txt", SwapWhileReading())])
+        service.save_uploads(T, [IncomingFile("a.txt", SwapWhileReading())], user_id=USER_ID)
     assert list(outside.iterdir()) == []
