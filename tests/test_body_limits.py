@@ -26,6 +26,7 @@ from deerflow_web.web.multipart import MultipartReader
 from deerflow_web.web.multipart import upload_body_limit
 from deerflow_web.web.request_body import WsgiBody
 from tests.conftest import uploads_dir
+from tests.test_robustness import HOST
 from tests.test_robustness import free_port
 from tests.test_robustness import http
 from tests.test_robustness import read_response
@@ -193,8 +194,9 @@ def test_a_chunked_body_of_fields_is_cut_short_under_gunicorn(tmp_path: Path, na
         body = GeneratedBody(parts=total // len(FIELD), named=named)
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(
-                b"POST /api/threads/T/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Content-Type: multipart/form-data; boundary=B\r\n"
+                b"POST /api/threads/T/uploads HTTP/1.1\r\n"
+                + HOST.encode()
+                + b"Content-Type: multipart/form-data; boundary=B\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n"
             )
 

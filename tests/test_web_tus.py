@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import USER_ID
 from conftest import UploadActions
 from conftest import uploads_dir
 from flask import Flask
@@ -164,7 +165,7 @@ def test_tus_file_is_indistinguishable_from_a_multipart_one(
     paths = app.extensions[EXTENSION_KEY].uploads.paths
 
     def record(thread_id: str) -> tuple:
-        stored = records.get(paths.scope(thread_id, None), "doc.pdf").record
+        stored = records.get(paths.scope(thread_id, USER_ID), "doc.pdf").record
         return (stored.size, stored.sha256, stored.content_type, stored.source)
 
     assert record("a") == record("b")

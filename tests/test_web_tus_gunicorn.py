@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from conftest import AUTH_ON
+from conftest import SERVER_TOKEN
+from conftest import auth_header_line
 from conftest import uploads_dir
 from test_robustness import free_port
 from test_robustness import start_server
@@ -56,7 +59,9 @@ def server(base_dir: Path, tmp_path: Path):
         running.kill()
 
 
-TUS = {"Tus-Resumable": "1.0.0"}
+# Requests to a server with accounts on carry the test user's token.
+AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
+TUS = {"Tus-Resumable": "1.0.0", **AUTH}
 
 
 class KeptOpen(io.BytesIO):
@@ -104,7 +109,7 @@ def open_patch(upload_url: str, offset: int, length: int, first: bytes, **header
         (
             f"PATCH /{path} HTTP/1.1\r\nHost: {host}:{port}\r\nTus-Resumable: 1.0.0\r\n"
             f"Upload-Offset: {offset}\r\nContent-Type: application/offset+octet-stream\r\n"
-            f"Content-Length: {length}\r\n{extra}\r\n"
+            f"Content-Length: {length}\r\n{auth_header_line()}{extra}\r\n"
         ).encode()
         + first
     )
@@ -143,7 +148,9 @@ def test_server_killed_mid_patch_resumes_from_the_bytes_on_disk(server, base_dir
     assert patch(upload_url, offset, data[offset:]).status_code == 204
     stored = uploads_dir(base_dir, "T") / "big.bin"
     assert hashlib.sha256(stored.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
-    listing = requests.get(f"{server.url}/api/threads/T/uploads/list", timeout=10).json()
+    listing = requests.get(
+        f"{server.url}/api/threads/T/uploads/list", headers=AUTH, timeout=10
+    ).json()
     assert [(f["filename"], f["sha256"]) for f in listing["files"]] == [
         ("big.bin", hashlib.sha256(data).hexdigest())
     ]
@@ -202,7 +209,7 @@ def test_tuspy_stops_after_20_chunks_and_a_new_client_resumes(
     storage_path = tmp_path / "tus-urls.json"
     endpoint = f"{server.url}/api/threads/T/uploads/tus"
 
-    first = tus_client.TusClient(endpoint).uploader(
+    first = tus_client.TusClient(endpoint, headers=AUTH).uploader(
         file_stream=KeptOpen(source),
         chunk_size=MIB,
         metadata={"filename": "recording.bin"},
@@ -213,7 +220,7 @@ def test_tuspy_stops_after_20_chunks_and_a_new_client_resumes(
     assert first.offset == 20 * MIB
     first.url_storage.close()
 
-    second = tus_client.TusClient(endpoint).uploader(
+    second = tus_client.TusClient(endpoint, headers=AUTH).uploader(
         file_stream=KeptOpen(source),
         chunk_size=MIB,
         metadata={"filename": "recording.bin"},
@@ -229,7 +236,9 @@ def test_tuspy_stops_after_20_chunks_and_a_new_client_resumes(
     stored = uploads_dir(base_dir, "T") / "recording.bin"
     digest = hashlib.sha256(source).hexdigest()
     assert hashlib.sha256(stored.read_bytes()).hexdigest() == digest
-    listing = requests.get(f"{server.url}/api/threads/T/uploads/list", timeout=10).json()
+    listing = requests.get(
+        f"{server.url}/api/threads/T/uploads/list", headers=AUTH, timeout=10
+    ).json()
     assert [(f["filename"], f["size"], f["sha256"]) for f in listing["files"]] == [
         ("recording.bin", 64 * MIB, digest)
     ]
