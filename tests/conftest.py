@@ -14,6 +14,9 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from deerflow_web.web import create_app
+from deerflow_web.web.api_docs import build_document
+from deerflow_web.web.wiring import get_services
+from tests.openapi_check import check_responses
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +52,10 @@ def make_app(base_dir: Path, tmp_path: Path) -> Iterator[Any]:
             path.write_text(yaml.safe_dump({"uploads": uploads}), encoding="utf-8")
             config["CONFIG_PATH"] = str(path)
         config.update(overrides)
-        return create_app(config)
+        app = create_app(config)
+        with app.app_context():  # every API answer must fit the document this app serves
+            check_responses(app, build_document(get_services().settings))
+        return app
 
     yield factory
 

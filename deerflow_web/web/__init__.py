@@ -47,6 +47,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     wiring.init_app(app, settings)
 
     from deerflow_web.web import api
+    from deerflow_web.web import api_docs
     from deerflow_web.web import chat
     from deerflow_web.web import pages
 
@@ -54,6 +55,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(chat.bp)
+    app.register_blueprint(api_docs.bp)
     app.after_request(add_security_headers)
     register_error_handlers(app)
     return app

@@ -57,7 +57,7 @@ def add_security_headers(response: Response) -> Response:
     """Headers every response gets; pages also get a strict Content-Security-Policy."""
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")
-    if response.mimetype == "text/html" and not request.path.startswith("/api/"):
+    if response.mimetype == "text/html":  # pages, and /api/docs
         response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
         response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
     return response
