@@ -20,7 +20,7 @@ class InvalidInput(DeerFlowError, ValueError):
 
     kind = "value_error"
 
-    def __init__(self, message: str, location: tuple[str, str], value: object = None) -> None:
+    def __init__(self, message: str, location: tuple[str, ...], value: object = None) -> None:
         super().__init__(message)
         self.location = location
         self.value = value

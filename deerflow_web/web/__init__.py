@@ -34,6 +34,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         static_folder=str(PROJECT_ROOT / "static"),
     )
     app.json = OrjsonProvider(app)
+    # `//` in a URL matches nothing rather than redirecting: an empty id or name is a 404,
+    # as on DeerFlow's gateway, and never a 308 to some other route.
+    app.url_map.merge_slashes = False
     app.config.update(
         SECRET_KEY=wiring.persistent_secret_key(settings.base_dir),
         MAX_FORM_MEMORY_SIZE=64 * 1024,

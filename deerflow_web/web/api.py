@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from urllib.parse import quote
 
 from flask import Blueprint
@@ -13,6 +14,7 @@ from flask import send_file
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
 from werkzeug.http import parse_range_header
+from werkzeug.routing import PathConverter
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.models import OnConflict
@@ -26,6 +28,19 @@ from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("api", __name__, url_prefix="/api")
+
+
+class VirtualPathConverter(PathConverter):
+    """Werkzeug's `path` that also takes a leading slash, as DeerFlow's `{path:path}` does.
+
+    So `.../artifacts//mnt/user-data/x` (a client joining the URL and a virtual path) finds
+    the file instead of no route.
+    """
+
+    regex = "/?[^/].*?"
+
+
+bp.record_once(lambda state: state.app.url_map.converters.setdefault("vpath", VirtualPathConverter))
 
 _BOOL_WORDS = {
     **dict.fromkeys(("true", "1", "yes", "on", "t", "y"), True),
@@ -64,9 +79,8 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
     reader = multipart_reader(request, current_app.config.get("MAX_CONTENT_LENGTH"))
     parts = iter(reader)
     first = next(parts)  # form fields sent before the first file are now in reader.fields
-    on_conflict = OnConflict.named(
-        request.args.get("on_conflict") or reader.fields.get("on_conflict"), OnConflict.REPLACE
-    )
+    field = OnConflict.named(reader.fields.get("on_conflict"), OnConflict.REPLACE)
+    on_conflict = OnConflict.named(request.args.get("on_conflict"), field)  # the query wins
     user_id = current_user_id()
     result = get_upload_service().save_uploads(
         thread_id, itertools.chain([first], parts), on_conflict=on_conflict, user_id=user_id
@@ -115,10 +129,12 @@ def delete_upload(thread_id: str, filename: str) -> ResponseReturnValue:
 
 @bp.post("/threads/<thread_id>/uploads/<filename>/rename")
 def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
-    """Rename one upload; `new_name` and `on_conflict` come as JSON or form fields."""
+    """Rename one upload; `new_name` and `on_conflict` come as a JSON object or form fields."""
     validate_thread_id(thread_id)
-    body = request.get_json(silent=True) or request.form
-    new_name = body.get("new_name") or body.get("name")
+    body = request.get_json(silent=True) if request.is_json else request.form
+    if not isinstance(body, Mapping):
+        raise InvalidInput("Input should be a valid dictionary", ("body",), body)
+    new_name = body.get("new_name")
     if not isinstance(new_name, str) or not new_name:
         raise InvalidInput("Field required", ("body", "new_name"))
     on_conflict = OnConflict.named(body.get("on_conflict"), OnConflict.REJECT)
@@ -158,7 +174,7 @@ def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
     return info, 200 if status.finished else 202
 
 
-@bp.get("/threads/<thread_id>/artifacts/<path:virtual_path>")
+@bp.get("/threads/<thread_id>/artifacts/<vpath:virtual_path>")
 def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     """Send one file of the thread's user-data folder; active content only as a download."""
     validate_thread_id(thread_id)

@@ -195,12 +195,20 @@ class MultipartReader:
     """Yields each `files` part as an `IncomingFile`; collects small text fields on the way.
 
     Fields sent before the files (such as `on_conflict`) are in `fields` by the time the
-    first file is yielded. Each part's stream is valid until the next part is requested.
+    first file is yielded; a `leading_fields` field sent after a file is refused rather than
+    ignored. Each part's stream is valid until the next part is requested.
     """
 
-    def __init__(self, body: RequestBody, boundary: bytes, file_field: str = "files") -> None:
+    def __init__(
+        self,
+        body: RequestBody,
+        boundary: bytes,
+        file_field: str = "files",
+        leading_fields: frozenset[str] = frozenset({"on_conflict"}),
+    ) -> None:
         self._body = BodyReader(body, boundary)
         self._file_field = file_field
+        self._leading_fields = leading_fields
         self.fields: dict[str, str] = {}
 
     def __iter__(self) -> Iterator[IncomingFile]:
@@ -218,6 +226,9 @@ class MultipartReader:
                 seen_files = True
                 yield IncomingFile(filename, part)
             elif name:
+                if seen_files and name in self._leading_fields:
+                    # The files before it are stored already, under the rule it would change.
+                    raise MalformedUpload(f"The {name} field must come before the files")
                 self.fields[name] = self._read_field(part)
             part.drain()
         if not seen_files:
