@@ -1,0 +1,135 @@
+"""schemathesis against a real gunicorn server: every operation, every check, bounded.
+
+The server is started as `make run` starts it (gthread workers, `app:app`) on a free loopback
+port over a fresh data dir. schemathesis reads the server's own /openapi.json and runs its
+phases: the documented examples, coverage of each parameter's edges, property-based fuzzing
+(valid and invalid data), and stateful sequences that follow the document's links (upload,
+then list, read, rename, delete what was uploaded). Any 5xx, any response that the document
+does not describe, and any valid request refused or invalid request accepted fails the test.
+Bounded by `--max-examples` per operation and `--max-time`, so it fits CI in a few minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deerflow_web.web.api_docs import openapi_document
+
+pytestmark = pytest.mark.fuzz
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = Path(__file__).with_name("schemathesis.toml")
+SEED = os.environ.get("SCHEMATHESIS_SEED", "20261130")  # fixed: a CI failure replays exactly
+MAX_EXAMPLES = os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40")
+MAX_TIME = os.environ.get("SCHEMATHESIS_MAX_TIME", "100")
+HTTP_METHODS = {"get", "put", "post", "delete", "patch"}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_until_up(url: str, server: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"gunicorn exited:\n{log.read_text(errors='replace')}", pytrace=False)
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"gunicorn did not answer {url}:\n{log.read_text(errors='replace')}")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """`make run`'s gunicorn on a free loopback port with a fresh data dir; (url, log)."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DEER_FLOW_HOME": str(tmp_path / "data"),
+        "DEER_FLOW_CONFIG_PATH": str(_config(tmp_path)),
+        "DEER_FLOW_AUTH_DISABLED": "1",
+    }
+    log = tmp_path / "gunicorn.log"
+    command = [
+        *(sys.executable, "-m", "gunicorn", "--worker-class", "gthread"),
+        *("--workers", "2", "--threads", "4", "--timeout", "120"),
+        *("--bind", f"127.0.0.1:{port}", "--no-control-socket", "app:app"),
+    ]
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(url + "/openapi.json", process, log)
+        yield url, log
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _config(tmp_path: Path) -> Path:
+    """The shipped defaults, never a developer's config.yaml from the working folder."""
+    path = tmp_path / "config.yaml"
+    path.write_text("uploads: {}\n", encoding="utf-8")
+    return path
+
+
+def _operations() -> int:
+    """The operations schemathesis tests: all but GET /openapi.json, the schema it reads."""
+    paths = openapi_document()["paths"]
+    return sum(
+        1
+        for path, item in paths.items()
+        for method in item
+        if method in HTTP_METHODS and path != "/openapi.json"
+    )
+
+
+def test_schemathesis_finds_nothing(server: tuple[str, Path], tmp_path: Path) -> None:
+    url, log = server
+    command = [
+        *(sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"),
+        *("--config-file", str(CONFIG), "run", url + "/openapi.json"),
+        *("--phases", "examples,coverage,fuzzing,stateful"),  # every check: the default
+        *("--max-examples", MAX_EXAMPLES, "--max-time", MAX_TIME, "--seed", SEED),
+        # One worker: concurrent scenarios drawing the same short thread id would delete each
+        # other's files and report it as "created resource not found".
+        *("--workers", "1", "--request-timeout", "60", "--no-color"),
+        *("--report", "junit", "--report-dir", str(tmp_path / "report")),
+    ]
+    result = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # for the hooks module
+        capture_output=True,
+        text=True,
+        timeout=int(MAX_TIME) + 240,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    server_log = log.read_text(errors="replace")
+    assert result.returncode == 0, f"{output}\n--- server log ---\n{server_log[-8000:]}"
+    expected = _operations()
+    assert re.search(rf"Selected:\s+{expected}/{expected}\b", output), output
+    assert re.search(rf"Tested:\s+{expected}\b", output), output
+    assert re.search(r"✅\s+Stateful", output), "the stateful phase must run:\n" + output
+    assert "Traceback" not in server_log, server_log
