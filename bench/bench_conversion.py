@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deerflow_web.services.conversion import convert_to_markdown
+from deerflow_web.services.conversion.runner import convert_to_markdown
 from deerflow_web.settings import ConversionSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -184,3 +184,8 @@ class ConversionTimedOut(ConversionError):
 
 class StorageFailure(DeerFlowError):
     """An unexpected I/O error; the operation was rolled back and may be retried."""
+
+
+class FileAccessError(DeerFlowError):
+    """A file request the model can correct (missing, binary, outside, malformed); the
+    agent tools hand its message back to the model instead of failing the run."""

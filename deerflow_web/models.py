@@ -64,6 +64,12 @@ class ConversionState(enum.StrEnum):
     FAILED = "failed"
 
 
+# A job in these states is still running (or waiting to); pages poll until none is left.
+ACTIVE_CONVERSION_STATES: frozenset[ConversionState] = frozenset(
+    {ConversionState.QUEUED, ConversionState.CONVERTING}
+)
+
+
 @dataclass(frozen=True)
 class IncomingFile:
     """One file of a request: the client's name and a readable binary stream."""

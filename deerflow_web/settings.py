@@ -23,8 +23,11 @@ from deerflow_web.storage.paths import resolve_base_dir
 
 logger = logging.getLogger(__name__)
 
-PDF_CONVERTERS = ("auto", "pymupdf4llm", "markitdown")
-_TRUE_STRINGS = {"1", "true", "yes", "on"}
+# The words for yes and no, for settings (SPEC 1.8) and query flags (SPEC 2.5) alike; flags
+# also take the single letters.
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+_FLAG_LETTERS = {"t": True, "y": True, "f": False, "n": False}
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,6 @@ class ConversionSettings:
     """How document conversion runs: opt-in at upload, always bounded in time and memory."""
 
     auto_convert_documents: bool = False
-    pdf_converter: str = "auto"
     timeout_seconds: float = 300.0
     memory_limit_mb: int = 2048
     wait_seconds: float = 3.0
@@ -53,8 +55,18 @@ class Settings:
 def parse_bool(value: object) -> bool:
     """`"YES"` → True, `"false"` → False; other types by truthiness (SPEC 1.8)."""
     if isinstance(value, str):
-        return value.strip().lower() in _TRUE_STRINGS
+        return value.strip().lower() in TRUE_WORDS
     return bool(value)
+
+
+def parse_flag(raw: str) -> bool | None:
+    """A query flag: `true/false/1/0/yes/no/on/off/t/f/y/n` in any case; None otherwise."""
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    return _FLAG_LETTERS.get(word)
 
 
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -72,13 +84,15 @@ def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 def conversion_from_mapping(uploads: Mapping[str, Any]) -> ConversionSettings:
     """Read the conversion keys of `uploads.*`; invalid values fall back with a warning."""
     defaults = ConversionSettings()
-    converter = str(uploads.get("pdf_converter") or "auto").strip().lower()
-    if converter not in PDF_CONVERTERS:
-        logger.warning("uploads.pdf_converter=%r is unknown; using 'auto'", converter)
-        converter = "auto"
+    if uploads.get("pdf_converter") is not None:
+        # Read once, when the app starts: PDFs always go through markitdown (pymupdf4llm is
+        # AGPL, SPEC D9), so the key is only there for configs written for DeerFlow.
+        logger.warning(
+            "uploads.pdf_converter=%r is ignored: documents are converted with markitdown",
+            uploads["pdf_converter"],
+        )
     return ConversionSettings(
         auto_convert_documents=parse_bool(uploads.get("auto_convert_documents", False)),
-        pdf_converter=converter,
         timeout_seconds=positive_setting(
             uploads, "conversion_timeout_seconds", defaults.timeout_seconds
         ),

@@ -25,7 +25,7 @@ from typing_extensions import TypedDict
 from deerflow_web.agent import make_file_tools
 from deerflow_web.agent import make_upload_middleware
 from deerflow_web.models import IncomingFile
-from deerflow_web.services.uploads import make_upload_service
+from deerflow_web.services.uploads.service import make_upload_service
 
 THREAD = "example-thread"
 REPORT = "# Quarterly report\n\n## Revenue\nRevenue grew 12% in every region.\n\n## Risks\nNone.\n"

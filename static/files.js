@@ -4,48 +4,27 @@
  * which asks for confirmation itself); the script only keeps people on the page. User
  * strings (file names) are only ever written with textContent, never as HTML.
  */
-(function () {
-  "use strict";
+import { csrfToken, detailOf, showDialog, t } from "./common.js";
 
+let refresher = function () {
+  return Promise.resolve();
+};
+
+/** Fetch this page again and swap in its list (nothing happens on a page without one). */
+export function refreshList() {
+  return refresher();
+}
+
+function init() {
   var root = document.getElementById("file-manager");
   if (!root) {
     return;
   }
 
-  var stringsNode = document.getElementById("js-strings");
-  var strings = stringsNode ? JSON.parse(stringsNode.textContent) : {};
-  var csrfMeta = document.querySelector('meta[name="csrf-token"]');
-  var csrfToken = csrfMeta ? csrfMeta.getAttribute("content") : "";
+  // The conversion states still running, as the server names them.
+  var ACTIVE_STATES = (root.getAttribute("data-active-states") || "").split(" ");
   var POLL_MS = 2000;
   var pollTimer = null;
-
-  /** A translated string with {placeholders} filled in. */
-  function t(key, params) {
-    var text = strings[key] || key;
-    Object.keys(params || {}).forEach(function (name) {
-      text = text.split("{" + name + "}").join(String(params[name]));
-    });
-    return text;
-  }
-
-  /** Sizes exactly as the server writes them (SPEC 2.7): B, then KiB/MiB/GiB, one decimal. */
-  function formatSize(size) {
-    if (size < 1024) {
-      return size + " B";
-    }
-    var units = ["KiB", "MiB", "GiB"];
-    var value = size / 1024;
-    var index = 0;
-    while (value >= 1024 && index < units.length - 1) {
-      value /= 1024;
-      index += 1;
-    }
-    var text = value.toFixed(1);
-    if (text.slice(-2) === ".0") {
-      text = text.slice(0, -2);
-    }
-    return text + " " + units[index];
-  }
 
   function revealScriptOnly(scope) {
     scope.querySelectorAll("[data-js-only]").forEach(function (node) {
@@ -132,17 +111,7 @@
       item.textContent = name;
       list.appendChild(item);
     });
-    return new Promise(function (resolve) {
-      dialog.addEventListener(
-        "close",
-        function () {
-          resolve(dialog.returnValue === "confirm");
-        },
-        { once: true }
-      );
-      dialog.returnValue = "";
-      dialog.showModal();
-    });
+    return showDialog(dialog);
   }
 
   /** Post a plain form (with the CSRF token), as the no-script path would. */
@@ -234,16 +203,6 @@
     }
   }
 
-  function detailOf(body, fallback) {
-    if (body && typeof body.detail === "string") {
-      return body.detail;
-    }
-    if (body && Array.isArray(body.detail) && body.detail.length && body.detail[0].msg) {
-      return body.detail[0].msg;
-    }
-    return fallback;
-  }
-
   function convert(button) {
     var name = button.getAttribute("data-filename");
     button.disabled = true;
@@ -260,11 +219,6 @@
             return null;
           })
           .then(function (body) {
-            if (response.status === 404 || response.status === 405) {
-              if (!body || !body.detail || body.detail === "Not Found") {
-                throw new Error(t("convertUnavailable"));
-              }
-            }
             if (!response.ok) {
               throw new Error(detailOf(body, response.statusText));
             }
@@ -272,11 +226,11 @@
           });
       })
       .then(function (body) {
-        if (body.conversion_state === "queued" || body.conversion_state === "converting") {
+        if (ACTIVE_STATES.indexOf(body.conversion_state) !== -1) {
           showState(name, body.conversion_state);
           startPolling();
         } else {
-          refreshList();
+          reloadList();
         }
       })
       .catch(function (error) {
@@ -301,14 +255,14 @@
         var pending = false;
         body.files.forEach(function (file) {
           var state = file.conversion_state;
-          if (state === "queued" || state === "converting") {
+          if (ACTIVE_STATES.indexOf(state) !== -1) {
             pending = true;
             showState(file.filename, state);
           }
         });
         if (!pending) {
           stopPolling();
-          refreshList();
+          reloadList();
         }
       })
       .catch(function () {
@@ -332,7 +286,7 @@
   /* ---- Refresh the list without leaving the page ------------------------- */
 
   /** Fetch this page again and swap in its list, keeping the filter typed so far. */
-  function refreshList() {
+  function reloadList() {
     return fetch(root.getAttribute("data-page-url"), { credentials: "same-origin" })
       .then(function (response) {
         return response.text();
@@ -422,11 +376,7 @@
     startPolling();
   }
 
-  window.DeerflowFiles = {
-    t: t,
-    formatSize: formatSize,
-    refreshList: refreshList,
-    detailOf: detailOf,
-    csrfToken: csrfToken,
-  };
-})();
+  refresher = reloadList;
+}
+
+init();

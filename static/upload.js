@@ -7,17 +7,15 @@
  * would be refused is explained before a single byte is sent. The server stays the judge:
  * naming, numbering and storage rules are never re-implemented here.
  */
-(function () {
-  "use strict";
+import { csrfToken, detailOf, formatSize, showDialog, t } from "./common.js";
+import { refreshList } from "./files.js";
 
+function init() {
   var root = document.getElementById("file-manager");
   var form = document.getElementById("upload-form");
-  var shared = window.DeerflowFiles;
-  if (!root || !form || !shared) {
+  if (!root || !form) {
     return;
   }
-  var t = shared.t;
-  var formatSize = shared.formatSize;
 
   var input = document.getElementById("file-input");
   var zone = document.getElementById("drop-zone");
@@ -252,25 +250,16 @@
       });
       box.appendChild(fieldset);
     });
-    return new Promise(function (resolve) {
-      dialog.addEventListener(
-        "close",
-        function () {
-          if (dialog.returnValue !== "confirm") {
-            resolve(null);
-            return;
-          }
-          var choices = new Map();
-          conflicts.forEach(function (entry, index) {
-            var checked = box.querySelector('input[name="conflict-' + index + '"]:checked');
-            choices.set(entry, checked ? checked.value : "replace");
-          });
-          resolve(choices);
-        },
-        { once: true }
-      );
-      dialog.returnValue = "";
-      dialog.showModal();
+    return showDialog(dialog).then(function (confirmed) {
+      if (!confirmed) {
+        return null;
+      }
+      var choices = new Map();
+      conflicts.forEach(function (entry, index) {
+        var checked = box.querySelector('input[name="conflict-' + index + '"]:checked');
+        choices.set(entry, checked ? checked.value : "replace");
+      });
+      return choices;
     });
   }
 
@@ -312,7 +301,7 @@
       var url = root.getAttribute("data-upload-url") + "?on_conflict=" + encodeURIComponent(onConflict);
       xhr.open("POST", url);
       xhr.setRequestHeader("Accept", "application/json");
-      xhr.setRequestHeader("X-CSRFToken", shared.csrfToken);
+      xhr.setRequestHeader("X-CSRFToken", csrfToken);
       xhr.upload.addEventListener("progress", function (event) {
         if (!event.lengthComputable) {
           return;
@@ -340,7 +329,7 @@
           });
           resolve(body);
         } else {
-          reject(new Error(shared.detailOf(body, xhr.statusText || String(xhr.status))));
+          reject(new Error(detailOf(body, xhr.statusText || String(xhr.status))));
         }
       });
       xhr.addEventListener("error", function () {
@@ -476,7 +465,7 @@
       pending = [];
       render();
     }
-    shared.refreshList().then(function () {
+    refreshList().then(function () {
       status.textContent = message;
     });
     status.textContent = message;
@@ -488,4 +477,6 @@
       start();
     }
   });
-})();
+}
+
+init();

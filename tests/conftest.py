@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
 from typing import Any
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -17,6 +20,8 @@ from deerflow_web.web import create_app
 from deerflow_web.web.api_docs import build_document
 from deerflow_web.web.wiring import get_services
 from tests.openapi_check import check_responses
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -104,3 +109,16 @@ def uploads(client: FlaskClient) -> UploadActions:
 def uploads_dir(base_dir: Path, thread_id: str) -> Path:
     """The flat-layout uploads folder of a thread."""
     return base_dir / "threads" / thread_id / "user-data" / "uploads"
+
+
+def wait_until(condition: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.05) -> T:
+    """Poll `condition` until it returns something truthy, and return that; fail after
+    `timeout` seconds. For waiting on another process or thread, never to order events."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"still false after {timeout} s: {condition}")
+        time.sleep(interval)

@@ -1,4 +1,4 @@
-"""schemathesis hooks for tests/test_api_fuzz.py: make the client follow what the document says."""
+"""schemathesis hooks for tests/test_web_api_fuzz.py: the client does what the document says."""
 
 from __future__ import annotations
 

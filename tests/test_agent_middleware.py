@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import stat
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -19,8 +17,8 @@ from deerflow_web.agent.middleware import ThreadDataMiddleware
 from deerflow_web.agent.middleware import UploadsMiddleware
 from deerflow_web.agent.middleware import make_upload_middleware
 from deerflow_web.models import UploadRecord
-from deerflow_web.services.upload_context import build_upload_context
-from deerflow_web.services.upload_context import context_files_for
+from deerflow_web.services.prompt.context_block import build_upload_context
+from deerflow_web.services.prompt.context_block import context_files_for
 from tests.agent_helpers import human_with_files
 from tests.agent_helpers import make_runtime
 from tests.agent_helpers import thread_uploads
@@ -675,23 +673,12 @@ def test_middlewares_are_langchain_agent_middleware(tmp_path: Path) -> None:
     assert "thread_data" in ThreadDataMiddleware.state_schema.__annotations__
 
 
-@pytest.mark.parametrize(
-    "module", ["deerflow_web.agent", "deerflow_web.agent.middleware", "deerflow_web.agent.tools"]
-)
-def test_agent_modules_do_not_import_flask(module: str) -> None:
-    code = f"import sys, {module}; print('flask' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "False"
-
-
 # ------------------------------------------------------- with the app's real UploadService
 
 
 @pytest.fixture
 def upload_service(tmp_path: Path):
-    from deerflow_web.services.uploads import make_upload_service
+    from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(tmp_path)
     yield service
@@ -721,7 +708,7 @@ def test_current_mode_takes_the_outline_from_a_recorded_companion(tmp_path: Path
 
     from deerflow_web.models import IncomingFile
     from deerflow_web.models import RecordSource
-    from deerflow_web.services.uploads import make_upload_service
+    from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(tmp_path)
     service.save_uploads(

@@ -18,7 +18,7 @@ from deerflow_web.agent.tools import make_grep_tool
 from deerflow_web.agent.tools import make_list_uploaded_files_tool
 from deerflow_web.agent.tools import make_read_file_tool
 from deerflow_web.models import UploadRecord
-from deerflow_web.services.upload_context import format_omitted_summary
+from deerflow_web.services.prompt.context_block import format_omitted_summary
 from tests.agent_helpers import make_runtime
 from tests.agent_helpers import thread_uploads
 from tests.agent_helpers import write_file
@@ -649,9 +649,9 @@ def test_grep_stops_a_pattern_that_would_backtrack_for_hours(
 ) -> None:
     import time
 
-    from deerflow_web.agent import file_access
-    from deerflow_web.agent.file_access import FileAccessError
-    from deerflow_web.agent.file_access import UserDataFiles
+    from deerflow_web.errors import FileAccessError
+    from deerflow_web.services.prompt import file_access
+    from deerflow_web.services.prompt.file_access import UserDataFiles
     from deerflow_web.storage.paths import ThreadPaths
 
     paths = ThreadPaths(tmp_path)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from conftest import UploadActions
 from conftest import uploads_dir
+from conftest import wait_until
 from documents import make_docx
 from documents import make_encrypted_pdf
 
@@ -18,8 +18,8 @@ from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import NotConvertible
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
-from deerflow_web.services.conversions import ConversionJobs
-from deerflow_web.services.uploads import make_upload_service
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 
 
@@ -133,9 +133,7 @@ def test_slow_job_answers_queued_then_finishes(service) -> None:
     assert not status.finished
     assert status.record.conversion_state in (ConversionState.QUEUED, ConversionState.CONVERTING)
     release.set()
-    deadline = time.monotonic() + 10
-    while not jobs.status("T", "big.pdf").finished and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: jobs.status("T", "big.pdf").finished)
     assert jobs.status("T", "big.pdf").companion.filename == "big.md"
 
 
@@ -182,7 +180,14 @@ def test_result_of_a_file_replaced_meanwhile_is_dropped(service, base_dir: Path)
 # --- HTTP surface, with the real isolated converter on generated documents -------------------
 
 
-def test_convert_endpoint_with_a_real_docx(uploads: UploadActions, client, tmp_path: Path) -> None:
+# A real conversion takes seconds, more on a busy machine: the API tests wait long enough
+# for the 200/422 answer instead of racing the default wait into a 202.
+PATIENT = {"conversion_wait_seconds": 120}
+
+
+def test_convert_endpoint_with_a_real_docx(make_app, tmp_path: Path) -> None:
+    client = make_app(uploads=PATIENT).test_client()
+    uploads = UploadActions(client)
     docx = make_docx(tmp_path / "q.docx", title="Quarterly Report")
     uploads.upload("T", (docx.read_bytes(), "q.docx"))
     response = client.post("/api/threads/T/uploads/q.docx/convert")
@@ -200,7 +205,9 @@ def test_convert_endpoint_with_a_real_docx(uploads: UploadActions, client, tmp_p
     markdown.close()
 
 
-def test_convert_endpoint_errors(uploads: UploadActions, client, tmp_path: Path) -> None:
+def test_convert_endpoint_errors(make_app, tmp_path: Path) -> None:
+    client = make_app(uploads=PATIENT).test_client()
+    uploads = UploadActions(client)
     uploads.upload(
         "T",
         (b"a,b\n1,2\n", "data.csv"),
@@ -237,7 +244,7 @@ def test_no_conversion_at_upload_by_default(
 
 
 def test_automatic_conversion_when_configured(make_app, base_dir: Path, tmp_path: Path) -> None:
-    client = make_app(uploads={"auto_convert_documents": True}).test_client()
+    client = make_app(uploads={"auto_convert_documents": True, **PATIENT}).test_client()
     docx = make_docx(tmp_path / "r.docx", title="Board Minutes")
     body = UploadActions(client).upload("T", (b"USER", "r.md"), (docx.read_bytes(), "r.docx"))
     entries = body.get_json()["files"]
@@ -270,3 +277,41 @@ def test_a_job_that_finishes_before_it_is_registered_does_not_hang(service) -> N
     worker.join(10)
     assert not worker.is_alive(), "convert() deadlocked"
     assert outcome[0].finished
+
+
+@pytest.mark.parametrize(
+    "form_url", ["/threads/T/upload", "/threads/T/chat/upload"], ids=["file-manager", "chat"]
+)
+def test_automatic_conversion_applies_to_the_page_forms(
+    make_app, base_dir: Path, tmp_path: Path, form_url: str
+) -> None:
+    """The forms hand their files to the same intake as the API, conversion included."""
+    client = make_app(uploads={"auto_convert_documents": True, **PATIENT}).test_client()
+    docx = make_docx(tmp_path / "minutes.docx", title="Board Minutes")
+    response = client.post(
+        form_url,
+        data={"on_conflict": "replace", "files": (io.BytesIO(docx.read_bytes()), "minutes.docx")},
+        content_type="multipart/form-data",
+    )
+    assert response.status_code == 302
+    folder = uploads_dir(base_dir, "T")
+    listing = UploadActions(client)
+    wait_until(lambda: listing.list("T")["files"][0]["conversion_state"] == "done", timeout=60)
+    assert sorted(p.name for p in folder.iterdir()) == ["minutes.docx", "minutes.md"]
+    assert "Board Minutes" in (folder / "minutes.md").read_text(encoding="utf-8")
+    listed = {f["filename"]: f for f in listing.list("T")["files"]}
+    assert listed["minutes.docx"]["markdown_file"] == "minutes.md"
+    assert listed["minutes.docx"]["conversion_state"] == "done"
+
+
+def test_page_form_uploads_are_not_converted_by_default(
+    client, base_dir: Path, tmp_path: Path
+) -> None:
+    docx = make_docx(tmp_path / "minutes.docx")
+    response = client.post(
+        "/threads/T/upload",
+        data={"files": (io.BytesIO(docx.read_bytes()), "minutes.docx")},
+        content_type="multipart/form-data",
+    )
+    assert response.status_code == 302
+    assert [p.name for p in uploads_dir(base_dir, "T").iterdir()] == ["minutes.docx"]

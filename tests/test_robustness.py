@@ -12,13 +12,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import UploadActions
 from conftest import uploads_dir
+from conftest import wait_until
 
 from deerflow_web.models import IncomingFile
 from deerflow_web.storage.local import StagingFile
@@ -147,15 +147,19 @@ def start_server(base_dir: Path, port: int, config: Path | None = None) -> subpr
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         try:  # answered by the app, not just accepted by the listening socket
-            if http(port, "GET", "/api/threads/x/uploads/limits").startswith(b"HTTP/1.1 200"):
-                return process
+            return http(port, "GET", "/api/threads/x/uploads/limits").startswith(b"HTTP/1.1 200")
         except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise AssertionError("server did not start")
+            return False
+
+    try:
+        wait_until(answers, timeout=30, interval=0.1)
+    except AssertionError:
+        process.kill()
+        raise AssertionError("server did not start") from None
+    return process
 
 
 def http(port: int, method: str, path: str) -> bytes:
@@ -176,9 +180,7 @@ def test_server_killed_mid_upload(base_dir: Path) -> None:
             b"Content-Type: multipart/form-data; boundary=XYZ\r\n"
             b"Content-Length: 100000000\r\n\r\n" + head + b"y" * 3_000_000
         )
-        deadline = time.monotonic() + 10
-        while not (folder.exists() and os.listdir(folder)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: folder.exists() and os.listdir(folder))
         assert [name.startswith(".upload-") for name in os.listdir(folder)] == [True]
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
@@ -291,14 +293,9 @@ def test_client_gone_mid_upload_under_gunicorn_leaves_nothing(base_dir: Path) ->
         request = upload_request("cut.bin", os.urandom(3_000_000))
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(request[: len(request) // 2])
-            deadline = time.monotonic() + 10
-            while not (folder.exists() and os.listdir(folder)) and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda: folder.exists() and os.listdir(folder), interval=0.02)
             assert [name.startswith(".upload-") for name in os.listdir(folder)] == [True]
-        deadline = time.monotonic() + 10
-        while folder.exists() and os.listdir(folder) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not folder.exists() or os.listdir(folder) == []
+        wait_until(lambda: not folder.exists() or os.listdir(folder) == [], interval=0.02)
         assert http(port, "GET", "/api/threads/T/uploads/list").endswith(
             b'{"files":[],"count":0}\n'
         )
@@ -312,7 +309,7 @@ WRITER = textwrap.dedent(
     import io, sys
     from pathlib import Path
     from deerflow_web.models import IncomingFile
-    from deerflow_web.services.uploads import make_upload_service
+    from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(Path(sys.argv[1]))
     for i in range(40):
@@ -328,7 +325,7 @@ def test_concurrent_processes_writing_one_name(base_dir: Path) -> None:
         for letter in "ABC"
     ]
     assert [w.wait(timeout=60) for w in writers] == [0, 0, 0]
-    from deerflow_web.services.uploads import make_upload_service
+    from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(base_dir)
     [record] = service.list_uploads("T")
@@ -372,10 +369,11 @@ def test_allowed_origins_from_config(base_dir: Path, tmp_path: Path, make_app) -
         headers={"Origin": "http://ui.example:3000"},
     )
     assert response.status_code == 200
+    assert (uploads_dir(base_dir, "T") / "a.txt").read_bytes() == b"x"
 
 
 def test_records_cache_sees_writes_of_other_processes(base_dir: Path) -> None:
-    from deerflow_web.services.uploads import make_upload_service
+    from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(base_dir)
     assert service.list_uploads("T") == []
@@ -389,7 +387,7 @@ def test_records_cache_sees_writes_of_other_processes(base_dir: Path) -> None:
 
 
 def test_records_cache_never_keeps_a_rolled_back_write(base_dir: Path) -> None:
-    from deerflow_web.services.uploads import make_upload_service
+    from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(base_dir)
     scope = service.paths.scope("T")

@@ -11,6 +11,7 @@ from deerflow_web.errors import ConfigError
 from deerflow_web.models import UploadLimits
 from deerflow_web.settings import load_settings
 from deerflow_web.settings import parse_bool
+from deerflow_web.settings import parse_flag
 
 
 def write(path: Path, text: str) -> Path:
@@ -95,17 +96,46 @@ def test_parse_bool(value: object, expected: bool) -> None:
     assert parse_bool(value) is expected
 
 
-def test_pdf_converter_values(tmp_path: Path) -> None:
-    for given, expected in [
-        ("markitdown", "markitdown"),
-        ("PyMuPDF4LLM", "pymupdf4llm"),
-        ("not-a-real-converter", "auto"),
-    ]:
-        write(tmp_path / "config.yaml", f"uploads:\n  pdf_converter: {given}\n")
-        assert load_settings(environ={}, cwd=tmp_path).conversion.pdf_converter == expected
+def test_pdf_converter_is_ignored_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "config.yaml", "uploads:\n  pdf_converter: pymupdf4llm\n")
+    with caplog.at_level(logging.WARNING, logger="deerflow_web.settings"):
+        settings = load_settings(environ={}, cwd=tmp_path)
+
+    assert not hasattr(settings.conversion, "pdf_converter")
+    warnings = [r.getMessage() for r in caplog.records if "pdf_converter" in r.getMessage()]
+    assert warnings == [
+        "uploads.pdf_converter='pymupdf4llm' is ignored: documents are converted with markitdown"
+    ]
+
+
+def test_no_warning_without_pdf_converter(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp_path / "config.yaml", "uploads:\n  max_files: 3\n")
+    with caplog.at_level(logging.WARNING, logger="deerflow_web.settings"):
+        load_settings(environ={}, cwd=tmp_path)
+
+    assert caplog.records == []
 
 
 def test_non_mapping_top_level_is_an_error(tmp_path: Path) -> None:
     write(tmp_path / "config.yaml", "- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_settings(environ={}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        *[(word, True) for word in ("true", "1", "yes", "on", "t", "y", " TRUE ", "Yes")],
+        *[(word, False) for word in ("false", "0", "no", "off", "f", "n", "OFF")],
+        *[(word, None) for word in ("", "maybe", "2", "tru", "yess")],
+    ],
+)
+def test_parse_flag_vocabulary(raw: str, expected: bool | None) -> None:
+    assert parse_flag(raw) is expected
+
+
+def test_settings_booleans_use_the_same_words_without_letters() -> None:
+    assert [parse_bool(w) for w in ("true", "1", "yes", "on")] == [True] * 4
+    assert [parse_bool(w) for w in ("t", "y", "false", "0")] == [False] * 4

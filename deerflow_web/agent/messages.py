@@ -15,7 +15,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
 
-from deerflow_web.services.upload_turn import compose_text
+from deerflow_web.services.prompt.turn import compose_text
 
 logger = logging.getLogger(__name__)
 

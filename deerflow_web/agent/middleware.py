@@ -4,7 +4,7 @@ Order in an agent: `ThreadDataMiddleware`, then `UploadsMiddleware` (SPEC 4.7). 
 the thread from the runtime (context, then run config), never from the model, and both
 return state updates instead of mutating the state or its messages.
 
-What `UploadsMiddleware` announces is decided in `services/upload_turn.py`, which the chat
+What `UploadsMiddleware` announces is decided in `services/prompt/turn.py`, which the chat
 preview page calls too; this module only extracts the inputs from the runtime and state
 and rewrites the LangChain message.
 
@@ -41,6 +41,7 @@ from deerflow_web.agent.messages import state_messages
 from deerflow_web.agent.messages import state_value
 from deerflow_web.agent.messages import with_upload_block
 from deerflow_web.agent.runtime import context_value
+from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.runtime import user_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
@@ -48,15 +49,15 @@ from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
 from deerflow_web.models import Area
 from deerflow_web.models import UploadRecord
-from deerflow_web.services.sanitize import neutralize_untrusted_tags
-from deerflow_web.services.upload_context import build_legacy_upload_block
-from deerflow_web.services.upload_context import context_files_for
-from deerflow_web.services.upload_turn import compose_text
-from deerflow_web.services.upload_turn import current_turn
-from deerflow_web.services.upload_turn import file_entry
-from deerflow_web.services.upload_turn import incremental_turn
-from deerflow_web.services.upload_turn import message_files
-from deerflow_web.services.upload_turn import record_to_state
+from deerflow_web.services.prompt.context_block import build_legacy_upload_block
+from deerflow_web.services.prompt.context_block import context_files_for
+from deerflow_web.services.prompt.turn import compose_text
+from deerflow_web.services.prompt.turn import current_turn
+from deerflow_web.services.prompt.turn import file_entry
+from deerflow_web.services.prompt.turn import incremental_turn
+from deerflow_web.services.prompt.turn import message_files
+from deerflow_web.services.prompt.turn import record_to_state
+from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 
@@ -69,15 +70,6 @@ _MODES = ("current", "incremental", "legacy")
 
 _LEGACY_BLOCK = re.compile(r"<uploaded_files>(.*?)</uploaded_files>", re.DOTALL)
 _LEGACY_ENTRY = re.compile(r"^-\s+(.+?)\s*\(")
-
-
-def _thread_paths(base_dir: str | os.PathLike[str] | None) -> ThreadPaths:
-    """Paths under the explicit base dir, else the one the web app uses (settings)."""
-    if base_dir is not None:
-        return ThreadPaths(base_dir)
-    from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
-
-    return ThreadPaths(load_settings().base_dir)
 
 
 class ThreadDataMiddleware(AgentMiddleware):
@@ -101,7 +93,7 @@ class ThreadDataMiddleware(AgentMiddleware):
             paths: A ready `ThreadPaths`, shared with the rest of the app (wins over base_dir).
         """
         super().__init__()
-        self._paths = paths if paths is not None else _thread_paths(base_dir)
+        self._paths = resolve_thread_paths(base_dir, paths)
         self._lazy_init = lazy_init
 
     def before_agent(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -176,7 +168,7 @@ class UploadsMiddleware(AgentMiddleware):
             raise ValueError("max_files_per_context_section must be at least 1")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
-        self._paths = paths if paths is not None else _thread_paths(base_dir)
+        self._paths = resolve_thread_paths(base_dir, paths)
         self._max_files = max_files_per_context_section
         self._mode = mode
         self._lister: UploadLister = upload_service or DirectoryUploadLister(self._paths)
@@ -291,7 +283,7 @@ def make_upload_middleware(
     max_files_per_context_section: int = 10,
 ) -> list[AgentMiddleware]:
     """Both middlewares in SPEC 4.7's order, sharing one `ThreadPaths`."""
-    thread_paths = paths if paths is not None else _thread_paths(base_dir)
+    thread_paths = resolve_thread_paths(base_dir, paths)
     return [
         ThreadDataMiddleware(lazy_init=lazy_init, paths=thread_paths),
         UploadsMiddleware(

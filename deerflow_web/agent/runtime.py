@@ -1,4 +1,4 @@
-"""Read the thread and user of a run from the runtime, never from the model.
+"""Read the thread and user of a run from the runtime, never from the model; find its folders.
 
 Middlewares get LangGraph's `Runtime` (which has `context` but no `config`), tools get
 `ToolRuntime` (both), and tests pass a `SimpleNamespace(context=..., config=...)`. These
@@ -8,10 +8,27 @@ context variable while a graph node or tool runs (SPEC 4.3 step 1, 4.6 step 2, D
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.runnables.config import var_child_runnable_config
+
+from deerflow_web.storage.paths import ThreadPaths
+
+
+def resolve_thread_paths(
+    base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+) -> ThreadPaths:
+    """The folders the middlewares and tools work in: `paths` if given, else under the
+    explicit base dir, else the ones the web app uses (its settings)."""
+    if paths is not None:
+        return paths
+    if base_dir is not None:
+        return ThreadPaths(base_dir)
+    from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
+
+    return ThreadPaths(load_settings().base_dir)
 
 
 def context_value(runtime: Any, key: str) -> Any:

@@ -26,8 +26,8 @@ from langchain_core.tools import InjectedToolArg
 from langchain_core.tools import ToolException
 from langchain_core.tools import tool
 
-from deerflow_web.agent.file_access import UserDataFiles
 from deerflow_web.agent.messages import state_value
+from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.runtime import user_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
@@ -36,8 +36,9 @@ from deerflow_web.agent.uploads_source import list_records
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
-from deerflow_web.services.sanitize import neutralize_untrusted_tags as neutralize
-from deerflow_web.services.upload_listing import list_uploaded_files_result
+from deerflow_web.services.prompt.file_access import UserDataFiles
+from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
+from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
 from deerflow_web.storage.paths import ThreadPaths
 
 logger = logging.getLogger(__name__)
@@ -46,16 +47,6 @@ Result = TypeVar("Result")
 
 NO_RUNTIME = "No runtime context available."
 THREAD_NOT_FOUND = "Thread not found."
-
-
-def _paths(base_dir: str | os.PathLike[str] | None, paths: ThreadPaths | None) -> ThreadPaths:
-    if paths is not None:
-        return paths
-    if base_dir is not None:
-        return ThreadPaths(base_dir)
-    from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
-
-    return ThreadPaths(load_settings().base_dir)
 
 
 def _current_run_names(runtime: Any) -> set[str]:
@@ -108,7 +99,7 @@ def make_list_uploaded_files_tool(
         upload_service: Source of upload records; None derives them from the folder.
         paths: A ready `ThreadPaths` (wins over base_dir).
     """
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
     lister: UploadLister = upload_service or DirectoryUploadLister(thread_paths)
 
     @tool(parse_docstring=True)
@@ -160,7 +151,7 @@ def make_read_file_tool(
     *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
 ) -> BaseTool:
     """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines)."""
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
 
     @tool(parse_docstring=True)
     def read_file(
@@ -195,7 +186,7 @@ def make_glob_tool(
     *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
 ) -> BaseTool:
     """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
 
     @tool(parse_docstring=True)
     def glob(
@@ -223,7 +214,7 @@ def make_grep_tool(
     *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
 ) -> BaseTool:
     """Build `grep`: search the text of the thread's files with a regular expression."""
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
 
     @tool(parse_docstring=True)
     def grep(
@@ -260,7 +251,7 @@ def make_file_tools(
     paths: ThreadPaths | None = None,
 ) -> list[BaseTool]:
     """All four tools, sharing one `ThreadPaths`."""
-    thread_paths = _paths(base_dir, paths)
+    thread_paths = resolve_thread_paths(base_dir, paths)
     return [
         make_list_uploaded_files_tool(upload_service=upload_service, paths=thread_paths),
         make_read_file_tool(paths=thread_paths),

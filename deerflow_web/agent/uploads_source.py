@@ -18,6 +18,7 @@ from typing import Protocol
 
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
+from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 
@@ -111,9 +112,5 @@ class DirectoryUploadLister:
 
 def _companion_of(name: str, names: set[str]) -> str | None:
     """The file whose companion `name` would be, by the stem rule; None if none."""
-    path = Path(name)
-    if path.suffix != ".md":
-        return None
-    stem = path.stem
-    originals = sorted(other for other in names if other != name and Path(other).stem == stem)
+    originals = sorted(other for other in names if is_companion_name(name, other))
     return originals[0] if originals else None

@@ -38,8 +38,17 @@ def numbered_name(name: str, n: int) -> str:
 
 
 def companion_name(name: str) -> str:
-    """The Markdown companion's provisional name: the last suffix replaced by `.md`."""
+    """The Markdown companion's provisional name: the last suffix replaced by `.md`.
+
+    The one naming rule (DeerFlow's): conversion starts from it, and a `.md` found on disk
+    without a record is taken as a file's companion only when it matches it.
+    """
     return str(PurePosixPath(name).with_suffix(".md"))
+
+
+def is_companion_name(name: str, original: str) -> bool:
+    """Whether `name` is what `companion_name` gives for `original` (another file)."""
+    return name != original and companion_name(original) == name
 
 
 def first_free_name(name: str, taken: Callable[[str], bool]) -> str:

@@ -15,9 +15,13 @@ import os
 import secrets
 import stat
 from collections.abc import Iterable
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import NamedTuple
 
+from deerflow_web.storage.paths import STAGING_PREFIX
+from deerflow_web.storage.paths import STAGING_SUFFIX
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import SNIFF_BYTES
 from deerflow_web.storage.sniff import sniff_content_type
@@ -29,7 +33,45 @@ HASH_CHUNK = 1024 * 1024
 
 def staging_path(folder: Path) -> Path:
     """A fresh hidden name in `folder` that listings skip and start-up sweeps remove."""
-    return folder / f".upload-{secrets.token_hex(8)}.part"
+    return folder / f"{STAGING_PREFIX}{secrets.token_hex(8)}{STAGING_SUFFIX}"
+
+
+@dataclass
+class AtomicCommit:
+    """Staging files renamed into place, recorded so a failure can put every replaced file
+    back: the commit of a request's files is all or nothing."""
+
+    renamed: list[tuple[Path, Path | None]] = field(default_factory=list)
+
+    def rename(self, staging: Path, dest: Path) -> None:
+        backup = None
+        if os.path.lexists(dest):
+            # A hard link keeps the old bytes reachable without a moment where `dest`
+            # is missing; it lives only until the commit has succeeded.
+            backup = staging_path(dest.parent)
+            os.link(dest, backup)
+        try:
+            os.replace(staging, dest)
+        except BaseException:
+            if backup is not None:
+                backup.unlink(missing_ok=True)
+            raise
+        self.renamed.append((dest, backup))
+
+    def undo(self) -> None:
+        for dest, backup in reversed(self.renamed):
+            try:
+                if backup is None:
+                    dest.unlink(missing_ok=True)
+                else:
+                    os.replace(backup, dest)
+            except OSError:
+                logger.exception("could not roll back %s", dest)
+
+    def forget_backups(self) -> None:
+        for _, backup in self.renamed:
+            if backup is not None:
+                backup.unlink(missing_ok=True)
 
 
 def is_safe_destination(path: Path) -> bool:

@@ -83,9 +83,15 @@ def resolve_base_dir(
     return Path.cwd().resolve() / ".deer-flow"
 
 
+# Half-written files (uploads, conversions) are `.upload-*.part` (SPEC 1.7): never listed,
+# never served, removed at start-up.
+STAGING_PREFIX = ".upload-"
+STAGING_SUFFIX = ".part"
+
+
 def is_staging_name(name: str) -> bool:
-    """Whether `name` is an upload staging file (SPEC 1.7): `.upload-*.part`."""
-    return name.startswith(".upload-") and name.endswith(".part")
+    """Whether `name` is a staging file (SPEC 1.7): `.upload-*.part`."""
+    return name.startswith(STAGING_PREFIX) and name.endswith(STAGING_SUFFIX)
 
 
 class ThreadPaths:

@@ -14,7 +14,6 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from contextlib import closing
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Protocol
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
+from deerflow_web.storage.sqlite import ThreadConnections
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS uploads (
@@ -190,27 +190,19 @@ class SQLiteUploadRecords:
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
-        self._local = threading.local()
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect_new()) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
-
-    def _connect_new(self) -> sqlite3.Connection:
-        db = sqlite3.connect(
-            self.db_path, timeout=60, isolation_level=None, check_same_thread=False
-        )
-        db.execute("PRAGMA busy_timeout = 60000")
-        db.execute("PRAGMA synchronous = NORMAL")
-        return db
+        self._connections = ThreadConnections(db_path, SCHEMA)
+        self._connections.prepare()
+        self._caches = threading.local()
 
     def _db(self) -> sqlite3.Connection:
-        """One connection per thread: sqlite3 connections are not shared across threads."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = self._connect_new()
-            self._local.cache = OrderedDict()
-        return db
+        return self._connections.get()
+
+    def _cache(self, db: sqlite3.Connection) -> OrderedDict:
+        """This thread's listing cache, reset whenever its connection is new."""
+        if getattr(self._caches, "db", None) is not db:
+            self._caches.db = db
+            self._caches.cache = OrderedDict()
+        return self._caches.cache
 
     def all(self, scope: str) -> list[StoredRecord]:
         """Every record of the thread, by name; unchanged sets come from a per-thread cache.
@@ -223,7 +215,7 @@ class SQLiteUploadRecords:
         if db.in_transaction:  # uncommitted rows must never be cached
             return _SQLiteTransaction(db, scope).all()
         version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
-        cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = self._local.cache
+        cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = self._cache(db)
         hit = cache.get(scope)
         if hit is not None and hit[0] == version:
             cache.move_to_end(scope)
@@ -311,7 +303,4 @@ class SQLiteUploadRecords:
 
     def close(self) -> None:
         """Close this thread's connection (tests open many stores)."""
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        self._connections.close()

@@ -8,6 +8,7 @@ format, and never turns binary bytes into an active type.
 from __future__ import annotations
 
 import mimetypes
+from pathlib import Path
 from pathlib import PurePosixPath
 
 SNIFF_BYTES = 8192
@@ -62,8 +63,20 @@ _TEXT_TYPES = {
 }
 
 
+def is_binary_head(head: bytes) -> bool:
+    """Whether a file's first bytes hold a NUL within the sniff window: the one test every
+    reader (sniffing, preview, the agent's tools, inline artifacts) uses for "binary"."""
+    return b"\x00" in head[:SNIFF_BYTES]
+
+
+def is_binary_file(path: Path) -> bool:
+    """`is_binary_head` of a file's first `SNIFF_BYTES`; OSError is the caller's to judge."""
+    with open(path, "rb") as handle:
+        return is_binary_head(handle.read(SNIFF_BYTES))
+
+
 def _looks_like_text(head: bytes) -> bool:
-    if b"\x00" in head:
+    if is_binary_head(head):
         return False
     try:
         head.decode("utf-8")

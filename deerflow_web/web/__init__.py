@@ -20,6 +20,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     `test_config` may name `BASE_DIR` and `CONFIG_PATH` (else DEER_FLOW_HOME and
     DEER_FLOW_CONFIG_PATH apply) and any Flask setting.
     """
+    from deerflow_web.web import helpers
     from deerflow_web.web import i18n
     from deerflow_web.web import wiring
     from deerflow_web.web.errors import register_error_handlers
@@ -48,6 +49,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     csrf.init_app(app)
     i18n.init_app(app, PROJECT_ROOT / "translations")
     wiring.init_app(app, settings)
+    helpers.register(app)
 
     from deerflow_web.web import api
     from deerflow_web.web import api_docs

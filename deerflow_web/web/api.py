@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from urllib.parse import quote
 
 from flask import Blueprint
 from flask import Response
-from flask import current_app
 from flask import request
 from flask import send_file
 from flask.typing import ResponseReturnValue
@@ -18,11 +16,12 @@ from werkzeug.routing import PathConverter
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.models import OnConflict
-from deerflow_web.services.artifacts import resolve_artifact
-from deerflow_web.services.upload_info import UploadInfoFormatter
+from deerflow_web.services.files.artifacts import resolve_artifact
+from deerflow_web.services.uploads.info import UploadInfoFormatter
+from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
-from deerflow_web.web.multipart import multipart_reader
 from deerflow_web.web.security import refuse_cross_site
+from deerflow_web.web.uploads import receive_uploads
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
@@ -42,11 +41,6 @@ class VirtualPathConverter(PathConverter):
 
 bp.record_once(lambda state: state.app.url_map.converters.setdefault("vpath", VirtualPathConverter))
 
-_BOOL_WORDS = {
-    **dict.fromkeys(("true", "1", "yes", "on", "t", "y"), True),
-    **dict.fromkeys(("false", "0", "no", "off", "f", "n"), False),
-}
-
 
 @bp.before_request
 def check_origin() -> None:
@@ -58,12 +52,12 @@ def _query_bool(name: str) -> bool:
     raw = request.args.get(name)
     if raw is None:
         return False
-    try:
-        return _BOOL_WORDS[raw.strip().lower()]
-    except KeyError:
+    flag = parse_flag(raw)
+    if flag is None:
         raise InvalidInput(
             "Input should be a valid boolean, unable to interpret input", ("query", name), raw
-        ) from None
+        )
+    return flag
 
 
 def _formatter(thread_id: str) -> UploadInfoFormatter:
@@ -76,16 +70,8 @@ def _formatter(thread_id: str) -> UploadInfoFormatter:
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store the request's files in the thread's uploads folder, streaming each part."""
     validate_thread_id(thread_id)
-    reader = multipart_reader(request, current_app.config.get("MAX_CONTENT_LENGTH"))
-    parts = iter(reader)
-    first = next(parts)  # form fields sent before the first file are now in reader.fields
-    field = OnConflict.named(reader.fields.get("on_conflict"), OnConflict.REPLACE)
-    on_conflict = OnConflict.named(request.args.get("on_conflict"), field)  # the query wins
-    user_id = current_user_id()
-    result = get_upload_service().save_uploads(
-        thread_id, itertools.chain([first], parts), on_conflict=on_conflict, user_id=user_id
-    )
-    companions = get_services().conversions.convert_after_upload(thread_id, result, user_id=user_id)
+    accepted = receive_uploads(thread_id)
+    result, companions = accepted.result, accepted.companions
     shape = _formatter(thread_id)
     files = [
         shape(

@@ -3,7 +3,7 @@
 A person composes a message, attaches files of the thread (or uploads new ones inline)
 and picks the injection mode; the page shows the final message content, the state the
 uploads middleware writes and what `list_uploaded_files` returns now, turn after turn.
-The answers come from `services/chat_preview.py`, which runs the functions the LangChain
+The answers come from `services/prompt/chat_preview.py`, which runs the functions the LangChain
 side runs; this module never imports the agent package (STYLE, import direction).
 Everything works without JavaScript (post, redirect, get).
 """
@@ -23,14 +23,14 @@ from flask import url_for
 from flask.typing import ResponseReturnValue
 from flask_babel import ngettext
 
-from deerflow_web.services.chat_preview import PreviewTurn
-from deerflow_web.services.file_list import build_listing
+from deerflow_web.services.files.listing import build_listing
+from deerflow_web.services.prompt.chat_preview import PreviewTurn
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.chat_forms import ChatPreviewForm
 from deerflow_web.web.chat_forms import ChatUploadForm
 from deerflow_web.web.extensions import csrf
-from deerflow_web.web.form_uploads import save_form_files
 from deerflow_web.web.forms import CsrfOnlyForm
+from deerflow_web.web.uploads import save_form_files
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_chat_preview_service
 from deerflow_web.web.wiring import get_upload_service

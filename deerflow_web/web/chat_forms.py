@@ -1,7 +1,7 @@
 """Flask-WTF forms of the chat preview page; every one carries a CSRF token.
 
 The forms check only what HTML can get wrong (an unknown mode, an oversized message). Which
-attached names count is the middleware's rule (`services/upload_turn.py`), so the
+attached names count is the middleware's rule (`services/prompt/turn.py`), so the
 attachment list is not validated against the thread's files here.
 """
 

@@ -8,19 +8,17 @@ from __future__ import annotations
 from datetime import UTC
 from datetime import datetime
 
-from flask import Blueprint
-from flask import current_app
+from flask import Flask
 from flask import url_for
 from flask_babel import format_datetime
 from flask_babel import lazy_gettext as _l
 
+from deerflow_web.models import ACTIVE_CONVERSION_STATES
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import ConversionState
-from deerflow_web.services.file_kinds import FileKind
-from deerflow_web.services.sizes import human_size
-
-CONVERT_ENDPOINT = "api.convert_upload"
+from deerflow_web.services.files.kinds import FileKind
+from deerflow_web.services.files.sizes import human_size
 
 KIND_LABELS = {
     FileKind.DOCUMENT: _l("Document"),
@@ -69,14 +67,8 @@ def preview_href(thread_id: str, user_data_path: str) -> str:
 
 
 def convert_href(thread_id: str, filename: str) -> str:
-    """The explicit-conversion endpoint of an upload (SPEC 3.4).
-
-    The route belongs to the conversion work; until it is registered, its documented path
-    (`…/uploads/<filename>/convert`) is derived from the upload's own API URL.
-    """
-    if CONVERT_ENDPOINT in current_app.view_functions:
-        return url_for(CONVERT_ENDPOINT, thread_id=thread_id, filename=filename)
-    return url_for("api.delete_upload", thread_id=thread_id, filename=filename) + "/convert"
+    """The explicit-conversion endpoint of an upload (SPEC 3.4)."""
+    return url_for("api.convert_upload", thread_id=thread_id, filename=filename)
 
 
 def timestamp(value: float | None, style: str = "short") -> str:
@@ -93,13 +85,14 @@ def iso_time(value: float | None) -> str:
     return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
 
 
-def register(bp: Blueprint) -> None:
-    """Make the helpers available to every template of the app."""
+def register(app: Flask) -> None:
+    """Make the helpers available to every template of the app (called by `create_app`)."""
     for function in (artifact_href, preview_href, convert_href):
-        bp.add_app_template_global(function)
-    bp.add_app_template_global(KIND_LABELS, "kind_labels")
-    bp.add_app_template_global(AREA_LABELS, "area_labels")
-    bp.add_app_template_global(CONVERSION_LABELS, "conversion_labels")
-    bp.add_app_template_filter(human_size)
-    bp.add_app_template_filter(timestamp)
-    bp.add_app_template_filter(iso_time)
+        app.add_template_global(function)
+    app.add_template_global(KIND_LABELS, "kind_labels")
+    app.add_template_global(AREA_LABELS, "area_labels")
+    app.add_template_global(CONVERSION_LABELS, "conversion_labels")
+    app.add_template_global(sorted(ACTIVE_CONVERSION_STATES), "active_conversion_states")
+    app.add_template_filter(human_size)
+    app.add_template_filter(timestamp)
+    app.add_template_filter(iso_time)

@@ -18,7 +18,7 @@ from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import UploadLimits
-from deerflow_web.services.sizes import human_size
+from deerflow_web.services.files.sizes import human_size
 
 
 def describe_error(error: DeerFlowError, limits: UploadLimits) -> str:

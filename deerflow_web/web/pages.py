@@ -28,25 +28,23 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import OnConflict
-from deerflow_web.services.artifacts import resolve_artifact
-from deerflow_web.services.browse import BROWSABLE_AREAS
-from deerflow_web.services.browse import list_area
-from deerflow_web.services.bulk_delete import delete_uploads
-from deerflow_web.services.file_list import SortKey
-from deerflow_web.services.file_list import build_listing
-from deerflow_web.services.list_query import ListQuery
-from deerflow_web.services.outline import upload_outline
-from deerflow_web.services.preview import BROWSER_IMAGE_TYPES
-from deerflow_web.services.preview import PREVIEW_BYTES
-from deerflow_web.services.preview import build_preview
-from deerflow_web.services.threads import create_thread
-from deerflow_web.services.threads import list_threads
+from deerflow_web.services.files.artifacts import resolve_artifact
+from deerflow_web.services.files.browse import BROWSABLE_AREAS
+from deerflow_web.services.files.browse import list_area
+from deerflow_web.services.files.list_query import ListQuery
+from deerflow_web.services.files.listing import SortKey
+from deerflow_web.services.files.listing import build_listing
+from deerflow_web.services.files.preview import BROWSER_IMAGE_TYPES
+from deerflow_web.services.files.preview import PREVIEW_BYTES
+from deerflow_web.services.files.preview import build_preview
+from deerflow_web.services.prompt.outline import upload_outline
+from deerflow_web.services.uploads.bulk_delete import delete_uploads
+from deerflow_web.services.uploads.threads import create_thread
+from deerflow_web.services.uploads.threads import list_threads
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web import helpers
 from deerflow_web.web.errors import status_for
 from deerflow_web.web.extensions import csrf
-from deerflow_web.web.form_uploads import flash_form_errors
-from deerflow_web.web.form_uploads import save_form_files
 from deerflow_web.web.forms import ConvertForm
 from deerflow_web.web.forms import CsrfOnlyForm
 from deerflow_web.web.forms import DeleteForm
@@ -55,12 +53,13 @@ from deerflow_web.web.forms import UploadForm
 from deerflow_web.web.i18n import LANG_COOKIE
 from deerflow_web.web.i18n import LANGUAGES
 from deerflow_web.web.messages import describe_error
+from deerflow_web.web.uploads import flash_form_errors
+from deerflow_web.web.uploads import save_form_files
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("pages", __name__)
-helpers.register(bp)
 
 LANG_COOKIE_AGE = 365 * 24 * 3600
 

@@ -10,11 +10,12 @@ from pathlib import Path
 from flask import Flask
 from flask import current_app
 
-from deerflow_web.services.chat_preview import ChatPreviewService
-from deerflow_web.services.chat_preview import make_chat_preview_service
-from deerflow_web.services.conversions import ConversionJobs
-from deerflow_web.services.uploads import UploadService
-from deerflow_web.services.uploads import make_upload_service
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.prompt.chat_preview import ChatPreviewService
+from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
+from deerflow_web.services.uploads.intake import UploadIntake
+from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
 from deerflow_web.storage.local import sweep_staging_files
 
@@ -29,6 +30,7 @@ class Services:
         self.settings = settings
         self.uploads: UploadService = make_upload_service(settings.base_dir, settings.limits)
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
+        self.intake = UploadIntake(self.uploads, self.conversions)
         self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
 
 

@@ -12,7 +12,7 @@ from playwright.sync_api import BrowserContext
 from playwright.sync_api import Page
 
 from deerflow_web.models import IncomingFile
-from deerflow_web.services.uploads import UploadService
+from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.web.wiring import EXTENSION_KEY
 
 SCREENSHOTS: list[tuple[str, Path]] = []

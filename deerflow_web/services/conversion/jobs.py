@@ -1,0 +1,321 @@
+"""Conversion jobs: Markdown companions made in the background, their state in the records.
+
+A 1,000-page PDF takes over a minute, so no request waits for a conversion longer than
+`conversion_wait_seconds`: the job runs on a small thread pool (each conversion itself in a
+limited child process, see `runner.py`) and writes `queued`, `converting`, `done` or
+`failed` into the file's upload record, where every server process can read it. The
+companion is recorded as converted from its original (SPEC D8), so a delete removes exactly
+that file, a re-conversion replaces it, and a `.md` the user uploaded is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from dataclasses import replace
+from pathlib import Path
+
+from deerflow_web.errors import ConversionError
+from deerflow_web.errors import NotConvertible
+from deerflow_web.errors import UploadNotFound
+from deerflow_web.models import ACTIVE_CONVERSION_STATES
+from deerflow_web.models import ConversionState
+from deerflow_web.models import RecordSource
+from deerflow_web.models import UploadRecord
+from deerflow_web.services.conversion.runner import convert_to_markdown
+from deerflow_web.services.uploads.service import UploadResult
+from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.settings import ConversionSettings
+from deerflow_web.storage.filenames import companion_name
+from deerflow_web.storage.filenames import first_free_name
+from deerflow_web.storage.local import facts_of
+from deerflow_web.storage.local import hash_and_sniff
+from deerflow_web.storage.local import is_safe_destination
+from deerflow_web.storage.local import staging_path
+from deerflow_web.storage.records import StoredRecord
+
+logger = logging.getLogger(__name__)
+
+INTERRUPTED = "The conversion was interrupted by a server restart; convert the file again"
+POLL_SECONDS = 0.2
+
+Converter = Callable[..., object]
+
+
+@dataclass(frozen=True)
+class ConversionStatus:
+    """Where one file's conversion stands after the caller's wait."""
+
+    record: UploadRecord
+    companion: UploadRecord | None
+    error: ConversionError | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job is over (done or failed), as opposed to still queued or running."""
+        return self.record.conversion_state not in ACTIVE_CONVERSION_STATES
+
+
+def process_owner() -> str:
+    """`host:pid` of this process, stored with a job so a restart can tell it was cut off."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_is_gone(owner: str | None) -> bool:
+    """A job owned by a dead process on this host will never finish."""
+    if not owner:
+        return True
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another machine's job: it reports its own fate
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class ConversionJobs:
+    """Start conversions, wait a little for them, and report their state."""
+
+    def __init__(
+        self,
+        uploads: UploadService,
+        settings: ConversionSettings,
+        *,
+        converter: Converter = convert_to_markdown,
+    ) -> None:
+        self.uploads = uploads
+        self.settings = settings
+        self.converter = converter
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # made on first use: never across a fork
+        self._running: dict[tuple[str, str], Future[dict[str, ConversionError | None]]] = {}
+
+    def fail_interrupted_jobs(self) -> int:
+        """Mark jobs whose process died (a restart) as failed; return how many."""
+        records = self.uploads.records
+        count = 0
+        for scope, filename, owner in records.find_conversions(ACTIVE_CONVERSION_STATES):
+            if _owner_is_gone(owner):
+                records.set_conversion(scope, filename, ConversionState.FAILED, INTERRUPTED)
+                count += 1
+        return count
+
+    def convert(
+        self,
+        thread_id: str,
+        filename: str,
+        *,
+        user_id: str | None = None,
+        wait: float | None = None,
+    ) -> ConversionStatus:
+        """Convert one upload on explicit request, waiting up to `wait` seconds for it.
+
+        Raises:
+            UploadNotFound: No such upload.
+            NotConvertible: Not a PDF, Word, Excel or PowerPoint file.
+        """
+        record = self.uploads.get_upload(thread_id, filename, user_id)
+        if not record.convertible:
+            raise NotConvertible(filename)
+        timeout = self.settings.wait_seconds if wait is None else wait
+        scope = self.uploads.paths.scope(thread_id, user_id)
+        owner = self.uploads.records.conversion_owner(scope, filename)
+        if (
+            record.conversion_state in ACTIVE_CONVERSION_STATES
+            and owner != process_owner()
+            and not _owner_is_gone(owner)
+        ):
+            return self._wait_for_other_process(thread_id, filename, user_id, timeout)
+        future = self._start(thread_id, user_id, [filename])
+        error: ConversionError | None = None
+        try:
+            error = future.result(timeout=timeout).get(filename)
+        except FutureTimeout:
+            pass
+        return self.status(thread_id, filename, user_id=user_id, error=error)
+
+    def convert_after_upload(
+        self, thread_id: str, result: UploadResult, *, user_id: str | None = None
+    ) -> dict[str, UploadRecord]:
+        """With `auto_convert_documents` on, convert the request's documents; return the
+        companions made within the wait, by original name (nothing when the option is off).
+
+        One job converts the request's files one after the other, so companion names are
+        given out in request order (`a.md` for `a.docx`, then `a_1.md` for `a.pdf`).
+        """
+        if not self.settings.auto_convert_documents:
+            return {}
+        names = [saved.record.filename for saved in result.files if saved.record.convertible]
+        if not names:
+            return {}
+        future = self._start(thread_id, user_id, names)
+        try:
+            future.result(timeout=self.settings.wait_seconds)
+        except FutureTimeout:
+            pass
+        records = self.uploads.list_uploads(thread_id, user_id)
+        return {r.converted_from: r for r in records if r.converted_from in names}
+
+    def _start(
+        self, thread_id: str, user_id: str | None, filenames: list[str]
+    ) -> Future[dict[str, ConversionError | None]]:
+        scope = self.uploads.paths.scope(thread_id, user_id)
+        key = (scope, filenames[0]) if len(filenames) == 1 else (scope, "\0".join(filenames))
+        with self._lock:
+            running = self._running.get(key)
+            if running is not None and not running.done():
+                return running
+            for name in filenames:
+                self.uploads.records.set_conversion(
+                    scope, name, ConversionState.QUEUED, None, process_owner()
+                )
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self.settings.workers, thread_name_prefix="convert"
+                )
+            future = self._pool.submit(self._run, thread_id, user_id, filenames)
+            self._running[key] = future
+        # Outside the lock: a job that is already done runs the callback right here, and
+        # the callback takes the lock itself.
+        future.add_done_callback(lambda _: self._forget(key, future))
+        return future
+
+    def _forget(self, key: tuple[str, str], future: Future) -> None:
+        with self._lock:
+            if self._running.get(key) is future:
+                del self._running[key]
+
+    def status(
+        self,
+        thread_id: str,
+        filename: str,
+        *,
+        user_id: str | None = None,
+        error: ConversionError | None = None,
+    ) -> ConversionStatus:
+        """The file's record and companion as they stand now.
+
+        Raises:
+            UploadNotFound: The file is gone (deleted while it was converted, say).
+        """
+        records = self.uploads.list_uploads(thread_id, user_id)
+        record = next((r for r in records if r.filename == filename), None)
+        if record is None:
+            raise UploadNotFound(filename)
+        companion = next((r for r in records if r.converted_from == filename), None)
+        if error is None and record.conversion_state is ConversionState.FAILED:
+            error = ConversionError(record.conversion_error or "The conversion failed")
+        return ConversionStatus(record, companion, error)
+
+    def _run(
+        self, thread_id: str, user_id: str | None, filenames: list[str]
+    ) -> dict[str, ConversionError | None]:
+        outcome: dict[str, ConversionError | None] = {}
+        for filename in filenames:
+            try:
+                self._convert_one(thread_id, user_id, filename)
+                outcome[filename] = None
+            except ConversionError as error:
+                outcome[filename] = error
+                self._set(thread_id, user_id, filename, ConversionState.FAILED, str(error))
+            except Exception as error:  # a bug must still end the job, never leave it "converting"
+                logger.exception("conversion of %s failed unexpectedly", filename)
+                failure = ConversionError(f"Conversion of {filename} failed: {error}")
+                outcome[filename] = failure
+                self._set(thread_id, user_id, filename, ConversionState.FAILED, str(failure))
+        return outcome
+
+    def _set(
+        self,
+        thread_id: str,
+        user_id: str | None,
+        filename: str,
+        state: ConversionState,
+        error: str | None = None,
+    ) -> None:
+        scope = self.uploads.paths.scope(thread_id, user_id)
+        owner = process_owner() if state in ACTIVE_CONVERSION_STATES else None
+        self.uploads.records.set_conversion(scope, filename, state, error, owner)
+
+    def _convert_one(self, thread_id: str, user_id: str | None, filename: str) -> None:
+        folder = self.uploads.uploads_dir(thread_id, user_id)
+        records = self.uploads.records
+        scope = self.uploads.paths.scope(thread_id, user_id)
+        before = records.get(scope, filename)
+        if before is None:
+            return  # deleted while queued
+        self._set(thread_id, user_id, filename, ConversionState.CONVERTING)
+        started = time.monotonic()
+        temporary = staging_path(folder)
+        try:
+            self.converter(
+                folder / filename,
+                temporary,
+                timeout_seconds=self.settings.timeout_seconds,
+                memory_limit_mb=self.settings.memory_limit_mb,
+            )
+            self._commit(scope, folder, filename, before.record.sha256, temporary)
+        finally:
+            temporary.unlink(missing_ok=True)
+        logger.info("converted %s in %.1f s", filename, time.monotonic() - started)
+
+    def _commit(
+        self, scope: str, folder: Path, filename: str, sha256: str, temporary: Path
+    ) -> None:
+        """Put the Markdown in place under the records lock, with D8's naming rule."""
+        with self.uploads.records.locked(scope) as txn:
+            original = txn.get(filename)
+            if original is None or original.record.sha256 != sha256:
+                return  # replaced or deleted while converting: the result is stale
+            previous = next(
+                (s.record for s in txn.all() if s.record.converted_from == filename), None
+            )
+            if previous is not None and is_safe_destination(folder / previous.filename):
+                name = previous.filename  # a re-conversion replaces what it made before
+            else:
+                name = first_free_name(
+                    companion_name(filename), lambda n: os.path.lexists(folder / n)
+                )
+            destination = folder / name
+            os.replace(temporary, destination)
+            info = destination.lstat()
+            digest, _ = hash_and_sniff(destination)
+            companion = UploadRecord(
+                filename=name,
+                size=info.st_size,
+                sha256=digest,
+                content_type="text/markdown",
+                uploaded_at=time.time(),
+                modified=info.st_mtime_ns / 1e9,
+                source=RecordSource.CONVERSION,
+                converted_from=filename,
+            )
+            facts = facts_of(info)
+            txn.put(StoredRecord(companion, facts.mtime_ns, facts.inode))
+            done = replace(
+                original.record, conversion_state=ConversionState.DONE, conversion_error=None
+            )
+            txn.put(replace(original, record=done))
+
+    def _wait_for_other_process(
+        self, thread_id: str, filename: str, user_id: str | None, wait: float
+    ) -> ConversionStatus:
+        """Poll the records while another server process runs the job."""
+        deadline = time.monotonic() + wait
+        while True:
+            status = self.status(thread_id, filename, user_id=user_id)
+            if status.finished or time.monotonic() >= deadline:
+                return status
+            time.sleep(POLL_SECONDS)

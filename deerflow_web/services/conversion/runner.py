@@ -1,0 +1,340 @@
+"""Convert one document to Markdown in a separate, bounded process (SPEC 3, D9).
+
+markitdown parses untrusted Office and PDF files, and a hostile or huge file can hang it or eat
+all memory. So the parsing happens in a child process (`worker.py`) that has a time
+limit (the parent kills its whole process group), an address-space limit, a private HOME and
+TMPDIR (markitdown's import writes a cache under HOME), and none of the app's environment
+secrets. The Markdown is written to a staging file next to the destination and renamed onto
+it only on success, so a failed or stopped conversion never leaves a partial `.md` behind.
+
+This module knows nothing of threads, records or the web; callers pick the destination name
+(SPEC 3.2, D8) and turn `ConversionError` into whatever their user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionTimedOut
+from deerflow_web.errors import NotConvertible
+from deerflow_web.models import CONVERTIBLE_EXTENSIONS
+from deerflow_web.services.conversion.worker import EXIT_OUT_OF_MEMORY
+from deerflow_web.storage.paths import STAGING_PREFIX
+from deerflow_web.storage.paths import STAGING_SUFFIX
+
+logger = logging.getLogger(__name__)
+
+WORKER_COMMAND = (sys.executable, "-m", "deerflow_web.services.conversion.worker")
+
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The staging name follows SPEC 1.7 so that listings hide it and start-up sweeps a leftover.
+_INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+# RLIMIT_AS counts reserved address space: keep BLAS/OpenMP pools and malloc arenas small so
+# the limit measures the document, not the number of CPU cores.
+_WORKER_ENV = {
+    "MALLOC_ARENA_MAX": "2",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONUTF8": "1",
+}
+_RESULT_LIMIT = 64 * 1024
+_LOG_TAIL = 2000
+_FORMAT_NAMES = {
+    ".pdf": "PDF",
+    ".doc": "Word",
+    ".docx": "Word",
+    ".xls": "Excel",
+    ".xlsx": "Excel",
+    ".ppt": "PowerPoint",
+    ".pptx": "PowerPoint",
+}
+_MODERN_SUFFIXES = {".doc": ".docx", ".ppt": ".pptx", ".xls": ".xlsx"}
+
+
+@dataclass(frozen=True)
+class MarkdownConversion:
+    """What a successful conversion produced, for logs and benchmarks."""
+
+    destination: Path
+    characters: int | None
+    seconds: float
+    peak_rss_mb: float | None
+
+
+def convert_to_markdown(
+    source: Path,
+    destination: Path,
+    *,
+    timeout_seconds: float,
+    memory_limit_mb: int,
+    worker_command: Sequence[str] | None = None,
+) -> MarkdownConversion:
+    """Convert `source` to Markdown at `destination` in a time- and memory-limited process.
+
+    `destination` is replaced atomically, and only when the conversion succeeded with some
+    text; on any failure it is left as it was (absent or with its old bytes), and no staging
+    file remains. The new file gets mode 0644 (SPEC 2.1.8).
+
+    Args:
+        source: The document; its extension must be one of `CONVERTIBLE_EXTENSIONS`.
+        destination: Where the Markdown goes; its folder must exist. Choosing a name that
+            does not clobber the user's files is the caller's job (SPEC 3.2, D8).
+        timeout_seconds: Wall-clock limit; the worker's process group is killed after it.
+        memory_limit_mb: Address-space limit of the worker (RLIMIT_AS). Loading markitdown
+            alone needs about 300 MB of address space, so lower values fail every conversion.
+        worker_command: Replaces `WORKER_COMMAND`, for tests. The command gets the worker's
+            arguments appended and must follow the protocol in `worker.py`; limits
+            other than the wall-clock one are the command's own business.
+
+    Returns:
+        The destination, the number of characters written, the duration and the worker's
+        peak resident memory (the worker's figures are None when it did not report them).
+
+    Raises:
+        NotConvertible: The extension is not a convertible one.
+        ConversionTimedOut: The worker ran past `timeout_seconds` and was killed.
+        ConversionError: Any other failure, with a sentence a user can act on.
+        ValueError: A non-positive limit.
+    """
+    name = source.name
+    suffix = source.suffix.lower()
+    if suffix not in CONVERTIBLE_EXTENSIONS:
+        raise NotConvertible(name)
+    if timeout_seconds <= 0 or memory_limit_mb <= 0:
+        raise ValueError("timeout_seconds and memory_limit_mb must be positive")
+    try:
+        info = source.lstat()  # lstat: a symlink could point the parser at any file on the host
+    except FileNotFoundError:
+        raise ConversionError(f"{name} does not exist") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConversionError(f"{name} is not a regular file (links are never converted)")
+    if info.st_size == 0:
+        raise ConversionError(f"{name} is empty (0 bytes); there is nothing to convert")
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(
+        prefix="deerflow-convert-", ignore_cleanup_errors=True
+    ) as private:
+        private_dir = Path(private)
+        staging = _create_staging(destination, name)
+        try:
+            argv = [
+                *(WORKER_COMMAND if worker_command is None else worker_command),
+                str(source.absolute()),  # the worker runs in its private folder
+                str(staging.absolute()),
+                str(private_dir / "result.json"),
+                "--memory-limit-mb",
+                str(memory_limit_mb),
+                "--time-limit-seconds",
+                str(timeout_seconds),
+            ]
+            returncode = _run(argv, private_dir, name, timeout_seconds)
+            result = _read_result(private_dir / "result.json")
+            if returncode != 0 or result.get("status") != "ok":
+                log_tail = _read_tail(private_dir / "worker.log")
+                raise _failure(
+                    name, suffix, returncode, result, memory_limit_mb, timeout_seconds, log_tail
+                )
+            _commit(staging, destination, name)
+        finally:
+            staging.unlink(missing_ok=True)
+
+    peak_rss_kb = result.get("peak_rss_kb")
+    characters = result.get("characters")
+    return MarkdownConversion(
+        destination=destination,
+        characters=characters if isinstance(characters, int) else None,
+        seconds=time.monotonic() - started,
+        peak_rss_mb=peak_rss_kb / 1024 if isinstance(peak_rss_kb, int) else None,
+    )
+
+
+def _create_staging(destination: Path, name: str) -> Path:
+    """Create the empty 0600 file the worker writes into, next to the destination."""
+    try:
+        handle, path = tempfile.mkstemp(
+            prefix=STAGING_PREFIX, suffix=STAGING_SUFFIX, dir=destination.parent
+        )
+    except OSError as error:
+        raise ConversionError(
+            f"Could not create the Markdown file for {name}: {error.strerror or error}"
+        ) from error
+    os.close(handle)
+    return Path(path)
+
+
+def _child_env(private_dir: Path) -> dict[str, str]:
+    """A minimal environment: the parser must not see the app's API keys or real HOME."""
+    env = {key: os.environ[key] for key in _INHERITED_ENV if key in os.environ}
+    home = private_dir / "home"
+    home.mkdir()
+    python_path = [str(_PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]
+    env.update(_WORKER_ENV)
+    env.update(
+        HOME=str(home),
+        TMPDIR=str(private_dir),
+        PYTHONPATH=os.pathsep.join(part for part in python_path if part),
+    )
+    return env
+
+
+def _run(argv: list[str], private_dir: Path, name: str, timeout_seconds: float) -> int:
+    """Run the worker in its own session and return its exit status (negative: signal)."""
+    env = _child_env(private_dir)
+    try:
+        with (private_dir / "worker.log").open("wb") as log:
+            # A file, not a pipe: a chatty worker can never block on a full pipe.
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=private_dir,
+                env=env,
+                start_new_session=True,  # its own process group, so one kill stops everything
+            )
+    except OSError as error:
+        raise ConversionError(
+            f"Could not start the converter for {name}: {error.strerror or error}"
+        ) from error
+    try:
+        return process.wait(timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        raise ConversionTimedOut(
+            f"Conversion of {name} stopped after {timeout_seconds:g} s (time limit)"
+        ) from None
+    except BaseException:
+        _kill_group(process)  # interrupted while waiting: never leave a worker behind
+        raise
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill the worker and anything it started, then reap the worker."""
+    # The worker is not reaped yet, so its pid still names its process group.
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _read_result(path: Path) -> dict[str, object]:
+    """The worker's JSON report, or {} when it wrote none (crashed or was killed)."""
+    try:
+        with path.open("rb") as handle:
+            data = json.loads(handle.read(_RESULT_LIMIT))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_tail(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - _LOG_TAIL))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _commit(staging: Path, destination: Path, name: str) -> None:
+    """Put the finished Markdown in place; readers see the old file or the new, never half."""
+    try:
+        if staging.stat().st_size == 0:  # a worker that claims success but wrote nothing
+            raise ConversionError(f"No text could be extracted from {name}")
+        staging.chmod(0o644)
+        os.replace(staging, destination)  # replaces a link at destination, never follows it
+    except OSError as error:
+        raise ConversionError(
+            f"Could not save the Markdown for {name}: {error.strerror or error}"
+        ) from error
+
+
+def _failure(
+    name: str,
+    suffix: str,
+    returncode: int,
+    result: dict[str, object],
+    memory_limit_mb: int,
+    timeout_seconds: float,
+    log_tail: str,
+) -> ConversionError:
+    """Turn the worker's report or exit status into an error a user can act on."""
+    kind = result.get("kind") if result.get("status") == "error" else None
+    if isinstance(kind, str):
+        detail = " ".join(str(result.get("detail") or "").split())
+        logger.info("conversion of %s failed (%s): %s", name, kind, detail)
+        return ConversionError(_message(kind, name, suffix, memory_limit_mb, detail))
+    logger.warning(
+        "conversion worker for %s exited with status %s; log tail:\n%s",
+        name,
+        returncode,
+        log_tail,
+    )
+    if returncode == EXIT_OUT_OF_MEMORY:
+        return ConversionError(_message("memory", name, suffix, memory_limit_mb, ""))
+    hint = f"it may have run out of memory (limit {memory_limit_mb} MB) or the file is malformed"
+    if returncode == -signal.SIGXCPU:  # the worker's CPU-time backstop fired first
+        return ConversionTimedOut(
+            f"Conversion of {name} stopped after {timeout_seconds:g} s of CPU time (time limit)"
+        )
+    if returncode < 0:
+        return ConversionError(
+            f"Conversion of {name} crashed ({_signal_name(-returncode)}); {hint}"
+        )
+    return ConversionError(
+        f"Conversion of {name} stopped unexpectedly (exit code {returncode}); {hint}"
+    )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {signal.Signals(number).name}"
+    except ValueError:
+        return f"signal {number}"
+
+
+def _message(kind: str, name: str, suffix: str, memory_limit_mb: int, detail: str) -> str:
+    """The sentence for one of the worker's error kinds."""
+    file_type = f"{_FORMAT_NAMES.get(suffix, 'document')} ({suffix})"
+    match kind:
+        case "password":
+            return f"{name} is password-protected; remove the password and try again"
+        case "protected_office":
+            return (
+                f"{name} is password-protected (or is an old binary Office file renamed to "
+                f"{suffix}); remove the password or re-save it as {suffix} and try again"
+            )
+        case "corrupt":
+            return f"{name} is corrupt or not a valid {file_type} file"
+        case "legacy":
+            modern = _MODERN_SUFFIXES.get(suffix, ".docx")
+            return (
+                f"{name} is a legacy {file_type} file, which is not supported; "
+                f"save it as {modern} and try again"
+            )
+        case "empty":
+            return f"No text could be extracted from {name}; it may be empty or contain only images"
+        case "memory":
+            return f"Conversion of {name} ran out of memory (limit {memory_limit_mb} MB)"
+        case "startup":
+            return (
+                f"Conversion of {name} could not load the converter ({detail}); "
+                f"the memory limit of {memory_limit_mb} MB may be too low"
+            )
+        case _:
+            return f"Conversion of {name} failed: {detail or 'unknown error'}"

@@ -1,0 +1,61 @@
+"""How a person asked to see the uploads list: filter text, type, sort column and order.
+
+Kept apart from the view so the same parsing serves links, forms and tests, and an odd
+query string (a hand-edited URL) falls back to the defaults instead of failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import replace
+
+from deerflow_web.services.files.kinds import FileKind
+from deerflow_web.services.files.kinds import parse_kind
+from deerflow_web.services.files.listing import SortKey
+
+MAX_QUERY_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """The list's view state, as carried in the page's query string."""
+
+    q: str = ""
+    kind: FileKind | None = None  # the `type` query parameter
+    sort: SortKey = SortKey.NAME
+    order: str = "asc"
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, str]) -> ListQuery:
+        """Parse query parameters; unknown values mean the default."""
+        return cls(
+            q=(args.get("q") or "").strip()[:MAX_QUERY_LENGTH],
+            kind=parse_kind(args.get("type")),
+            sort=SortKey.parse(args.get("sort")),
+            order="desc" if args.get("order") == "desc" else "asc",
+        )
+
+    @property
+    def descending(self) -> bool:
+        """Whether the order is descending."""
+        return self.order == "desc"
+
+    def toggled(self, column: SortKey) -> ListQuery:
+        """The query a column header links to: that column, flipping the order if current."""
+        if column is self.sort:
+            return replace(self, order="asc" if self.descending else "desc")
+        return replace(self, sort=column, order="asc")
+
+    def as_args(self) -> dict[str, str]:
+        """Query parameters that differ from the defaults (short, shareable URLs)."""
+        defaults = asdict(ListQuery())
+        return {
+            _PARAMS.get(key, key): str(value)
+            for key, value in asdict(self).items()
+            if value != defaults[key] and value not in (None, "")
+        }
+
+
+_PARAMS = {"kind": "type"}

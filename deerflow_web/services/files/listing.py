@@ -1,0 +1,154 @@
+"""The uploads list as a person sees it: grouped, marked, filtered and sorted.
+
+The records stay the source of truth; this module only arranges them. A conversion
+companion (`record.converted_from`) is shown under its original instead of as a stranger
+in the list, and files with the same content (same SHA-256) are marked as duplicates, so a
+person can spot a re-upload at a glance.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+from deerflow_web.models import ACTIVE_CONVERSION_STATES
+from deerflow_web.models import UploadRecord
+from deerflow_web.services.files.kinds import FileKind
+from deerflow_web.services.files.kinds import file_kind
+
+
+class SortKey(enum.StrEnum):
+    """The columns a list can be sorted by."""
+
+    NAME = "name"
+    SIZE = "size"
+    TYPE = "type"
+    UPLOADED = "uploaded"
+
+    @classmethod
+    def parse(cls, value: str | None) -> SortKey:
+        """A sort key from a query string; anything unknown sorts by name."""
+        try:
+            return cls(value) if value else cls.NAME
+        except ValueError:
+            return cls.NAME
+
+
+@dataclass(frozen=True)
+class FileRow:
+    """One file of the list with what the page marks on it."""
+
+    record: UploadRecord
+    kind: FileKind
+    same_content_as: tuple[str, ...] = ()
+
+    @property
+    def filename(self) -> str:
+        """The stored name (a shortcut the templates read often)."""
+        return self.record.filename
+
+    @property
+    def conversion_pending(self) -> bool:
+        """Whether a conversion of this file is waiting or running."""
+        return self.record.conversion_state in ACTIVE_CONVERSION_STATES
+
+
+@dataclass(frozen=True)
+class FileGroup:
+    """An original and the Markdown companions converted from it."""
+
+    row: FileRow
+    companions: tuple[FileRow, ...] = ()
+
+    def rows(self) -> list[FileRow]:
+        """The original first, then its companions."""
+        return [self.row, *self.companions]
+
+
+@dataclass(frozen=True)
+class FileListing:
+    """What the uploads tab shows, plus what it needs to say about the filter."""
+
+    groups: list[FileGroup]
+    total_count: int
+    total_size: int
+    kinds: list[FileKind] = field(default_factory=list)
+
+    @property
+    def shown_count(self) -> int:
+        """How many files pass the filter (companions included)."""
+        return sum(len(group.rows()) for group in self.groups)
+
+    @property
+    def any_pending(self) -> bool:
+        """Whether a conversion is still queued or running (the page then polls)."""
+        return any(row.conversion_pending for group in self.groups for row in group.rows())
+
+
+_KIND_ORDER = {kind: index for index, kind in enumerate(FileKind)}
+
+_SORT_KEYS: dict[SortKey, Callable[[FileRow], Any]] = {
+    SortKey.NAME: lambda row: (row.filename.casefold(), row.filename),
+    SortKey.SIZE: lambda row: (row.record.size, row.filename.casefold()),
+    SortKey.TYPE: lambda row: (
+        _KIND_ORDER[row.kind],
+        row.record.extension.lower(),
+        row.filename.casefold(),
+    ),
+    SortKey.UPLOADED: lambda row: (row.record.uploaded_at, row.filename.casefold()),
+}
+
+
+def _matches(group: FileGroup, query: str, kind: FileKind | None) -> bool:
+    """A group shows when any of its files matches: a companion never hides its original."""
+    needle = query.casefold()
+    return any(
+        needle in row.filename.casefold() and (kind is None or row.kind is kind)
+        for row in group.rows()
+    )
+
+
+def build_listing(
+    records: Sequence[UploadRecord],
+    *,
+    query: str = "",
+    kind: FileKind | None = None,
+    sort: SortKey = SortKey.NAME,
+    descending: bool = False,
+) -> FileListing:
+    """Group companions under originals, mark duplicates, then filter and sort the groups."""
+    by_hash: dict[str, list[str]] = defaultdict(list)
+    for record in records:
+        by_hash[record.sha256].append(record.filename)
+    rows = {
+        record.filename: FileRow(
+            record,
+            file_kind(record.filename, record.content_type),
+            tuple(name for name in by_hash[record.sha256] if name != record.filename),
+        )
+        for record in records
+    }
+    companions: dict[str, list[FileRow]] = defaultdict(list)
+    for row in rows.values():
+        original = row.record.converted_from
+        if original is not None and original in rows and original != row.filename:
+            companions[original].append(row)
+    attached = {row.filename for group in companions.values() for row in group}
+    groups = [
+        FileGroup(row, tuple(sorted(companions[name], key=_SORT_KEYS[SortKey.NAME])))
+        for name, row in rows.items()
+        if name not in attached
+    ]
+    shown = [group for group in groups if _matches(group, query.strip(), kind)]
+    shown.sort(key=lambda group: _SORT_KEYS[sort](group.row), reverse=descending)
+    return FileListing(
+        groups=shown,
+        total_count=len(records),
+        total_size=sum(record.size for record in records),
+        kinds=sorted({row.kind for row in rows.values()}, key=list(FileKind).index),
+    )

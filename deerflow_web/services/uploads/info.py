@@ -1,0 +1,81 @@
+"""The `UploadedFileInfo` shape of DeerFlow's gateway (SPEC 2.1.6, D4, D5), built from records.
+
+One formatter shapes the upload, list, rename and convert responses, so they can never
+drift apart; the few fields that differ between an upload and a listing follow SPEC's table.
+Everything that depends only on the folder is worked out once per response, because a
+listing of a thousand files must stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.models import UploadRecord
+from deerflow_web.services.files.artifacts import artifact_url
+
+
+def display_path(path: Path) -> str:
+    """Host path relative to the working dir when the data lies inside it (SPEC D4)."""
+    try:
+        return path.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+class UploadInfoFormatter:
+    """Shapes the records of one thread's uploads folder for the JSON API."""
+
+    def __init__(self, thread_id: str, folder: Path) -> None:
+        self._folder = display_path(folder) + os.sep
+        self._url_prefix = artifact_url(thread_id, VIRTUAL_UPLOADS_DIR) + "/"
+
+    def _url(self, filename: str) -> str:
+        return self._url_prefix + quote(filename, safe="")
+
+    def __call__(
+        self,
+        record: UploadRecord,
+        *,
+        companion: UploadRecord | None = None,
+        in_upload_response: bool = False,
+        duplicate_of: str | None = None,
+    ) -> dict[str, Any]:
+        """One file as DeerFlow's clients expect it, plus our own keys (never fewer)."""
+        state = record.conversion_state
+        info: dict[str, Any] = {
+            "filename": record.filename,
+            "size": record.size,
+            "path": self._folder + record.filename,
+            "virtual_path": record.virtual_path,
+            "artifact_url": self._url(record.filename),
+            "extension": None if in_upload_response else record.extension,
+            "modified": None if in_upload_response else record.modified,
+            "original_filename": record.original_filename if in_upload_response else None,
+            "markdown_file": None,
+            "markdown_path": None,
+            "markdown_virtual_path": None,
+            "markdown_artifact_url": None,
+            "sha256": record.sha256,
+            "content_type": record.content_type,
+            "uploaded_at": record.uploaded_at,
+            "duplicate_of": duplicate_of,
+            "converted_from": record.converted_from,
+            "conversion_state": state.value if state else None,
+            "conversion_error": record.conversion_error,
+        }
+        if companion is not None:
+            info["markdown_file"] = companion.filename
+            info["markdown_path"] = self._folder + companion.filename
+            info["markdown_virtual_path"] = companion.virtual_path
+            info["markdown_artifact_url"] = self._url(companion.filename)
+        return info
+
+    def listing(self, records: Sequence[UploadRecord]) -> list[dict[str, Any]]:
+        """A whole folder, each original pointing at the companion converted from it."""
+        companions = {r.converted_from: r for r in records if r.converted_from is not None}
+        return [self(record, companion=companions.get(record.filename)) for record in records]

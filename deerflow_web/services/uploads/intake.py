@@ -1,0 +1,49 @@
+"""Where every upload lands: the files are saved, then converted when the settings say so.
+
+The JSON API, the file manager's form and the chat preview's form all hand their files
+here, so `auto_convert_documents` applies the same way whichever page or client sent them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from dataclasses import field
+
+from deerflow_web.models import IncomingFile
+from deerflow_web.models import OnConflict
+from deerflow_web.models import UploadRecord
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.uploads.service import UploadResult
+from deerflow_web.services.uploads.service import UploadService
+
+
+@dataclass(frozen=True)
+class AcceptedUploads:
+    """What was saved, and the companions made within the conversion wait, by original."""
+
+    result: UploadResult
+    companions: dict[str, UploadRecord] = field(default_factory=dict)
+
+
+class UploadIntake:
+    """Save a request's files and start their automatic conversion."""
+
+    def __init__(self, uploads: UploadService, conversions: ConversionJobs) -> None:
+        self.uploads = uploads
+        self.conversions = conversions
+
+    def accept(
+        self,
+        thread_id: str,
+        files: Iterable[IncomingFile],
+        *,
+        on_conflict: OnConflict,
+        user_id: str | None = None,
+    ) -> AcceptedUploads:
+        """Save `files` (all or nothing, see `UploadService.save_uploads`), then convert."""
+        result = self.uploads.save_uploads(
+            thread_id, files, on_conflict=on_conflict, user_id=user_id
+        )
+        companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
+        return AcceptedUploads(result, companions)

@@ -1,0 +1,477 @@
+"""The upload rules: limits, naming, conflicts, atomic commit, records, delete and rename.
+
+`UploadService` is the one place these rules live; the JSON API, the HTML pages and the
+agent side all call it with plain values. A request's files are streamed into staging
+files first and only renamed into place once every part has arrived within the limits,
+so a failed request never leaves a file behind and never costs a replaced file its bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from collections.abc import Iterable
+from dataclasses import dataclass
+from dataclasses import replace
+from pathlib import Path
+from pathlib import PurePosixPath
+
+from deerflow_web.errors import FileTooLarge
+from deerflow_web.errors import InsufficientStorage
+from deerflow_web.errors import InvalidPath
+from deerflow_web.errors import NameConflict
+from deerflow_web.errors import NoFilesProvided
+from deerflow_web.errors import StorageFailure
+from deerflow_web.errors import TooManyFiles
+from deerflow_web.errors import TotalTooLarge
+from deerflow_web.errors import UnsafeFilename
+from deerflow_web.errors import UploadNotFound
+from deerflow_web.models import CONVERTIBLE_EXTENSIONS
+from deerflow_web.models import IncomingFile
+from deerflow_web.models import OnConflict
+from deerflow_web.models import RecordSource
+from deerflow_web.models import UploadLimits
+from deerflow_web.models import UploadRecord
+from deerflow_web.storage.filenames import ClaimedNames
+from deerflow_web.storage.filenames import first_free_name
+from deerflow_web.storage.filenames import is_companion_name
+from deerflow_web.storage.filenames import normalize_filename
+from deerflow_web.storage.local import AtomicCommit
+from deerflow_web.storage.local import FileFacts
+from deerflow_web.storage.local import StagingFile
+from deerflow_web.storage.local import facts_of
+from deerflow_web.storage.local import hash_and_sniff
+from deerflow_web.storage.local import is_disk_full
+from deerflow_web.storage.local import is_safe_destination
+from deerflow_web.storage.local import scan_regular_files
+from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import is_staging_name
+from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.records import RecordsTransaction
+from deerflow_web.storage.records import SQLiteUploadRecords
+from deerflow_web.storage.records import StoredRecord
+from deerflow_web.storage.records import UploadRecords
+
+logger = logging.getLogger(__name__)
+
+CHUNK_SIZE = 1024 * 1024
+RECORDS_FILE = "uploads.sqlite3"
+
+
+@dataclass(frozen=True)
+class SavedFile:
+    """One stored file of an upload request, as the response reports it."""
+
+    record: UploadRecord
+    duplicate_of: str | None = None
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """The outcome of one upload request (SPEC 2.1.6)."""
+
+    files: list[SavedFile]
+    skipped_files: list[str]
+
+    @property
+    def success(self) -> bool:
+        """False as soon as one unsafe destination was skipped."""
+        return not self.skipped_files
+
+    @property
+    def message(self) -> str:
+        """The human summary DeerFlow's clients show."""
+        text = f"Successfully uploaded {len(self.files)} file(s)"
+        if self.skipped_files:
+            text += f"; skipped {len(self.skipped_files)} unsafe file(s)"
+        return text
+
+
+@dataclass
+class _Staged:
+    name: str
+    original_filename: str | None
+    staging: StagingFile
+    sha256: str = ""
+    content_type: str = ""
+
+
+class _UploadBatch:
+    """One request's parts: checked, streamed to staging files, then committed together."""
+
+    def __init__(self, folder: Path, limits: UploadLimits, on_conflict: OnConflict) -> None:
+        self.folder = folder
+        self.limits = limits
+        self.on_conflict = on_conflict
+        self.claimed = ClaimedNames()
+        self.staged: list[_Staged] = []
+        self.skipped: list[str] = []
+        self.count = 0
+        self.total = 0
+        self._created_dirs: list[Path] = []
+
+    def add(self, incoming: IncomingFile) -> None:
+        """Check one part and stream it to a staging file, enforcing the limits as it goes."""
+        self.count += 1
+        if self.count > self.limits.max_files:
+            raise TooManyFiles(self.limits.max_files)
+        if not incoming.filename:
+            return
+        try:
+            name = normalize_filename(incoming.filename)
+        except UnsafeFilename as error:
+            logger.info("skipping upload %r: %s", incoming.filename, error)
+            return
+        if is_staging_name(name):
+            self.skipped.append(name)  # SPEC D14: never stored, never hidden by accident
+            return
+        exists = os.path.lexists
+        if self.on_conflict is OnConflict.REJECT and exists(self.folder / name):
+            raise NameConflict(name)
+        on_disk = (
+            (lambda n: exists(self.folder / n))
+            if self.on_conflict is OnConflict.RENAME
+            else (lambda _: False)
+        )
+        claimed = self.claimed.claim(name, also_taken=on_disk)
+        if not is_safe_destination(self.folder / claimed):
+            self.skipped.append(claimed)
+            return
+        self._ensure_folder()
+        item = _Staged(claimed, name if claimed != name else None, StagingFile(self.folder))
+        self.staged.append(item)
+        self._stream(incoming, item)
+
+    def _stream(self, incoming: IncomingFile, item: _Staged) -> None:
+        size = 0
+        while chunk := incoming.stream.read(CHUNK_SIZE):
+            size += len(chunk)
+            self.total += len(chunk)
+            if size > self.limits.max_file_size:
+                raise FileTooLarge(item.name)
+            if self.total > self.limits.max_total_size:
+                raise TotalTooLarge()
+            try:
+                item.staging.write(chunk)
+            except OSError as error:
+                if is_disk_full(error):
+                    raise InsufficientStorage(item.name) from error
+                raise StorageFailure(f"Failed to upload {incoming.filename}: {error}") from error
+        item.sha256, item.content_type = item.staging.finish(item.name)
+
+    def _ensure_folder(self) -> None:
+        if self.folder.is_dir():
+            return
+        missing = [self.folder, *(p for p in self.folder.parents if not p.exists())]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._created_dirs = missing  # innermost first, so a rollback can rmdir in order
+
+    def discard(self) -> None:
+        """Remove every staging file and any folder this request created."""
+        for item in self.staged:
+            item.staging.discard()
+        for folder in self._created_dirs:
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty: something else lives there now
+
+
+def _record_from_disk(
+    name: str, facts: FileFacts, sha256: str, content_type: str, previous: UploadRecord | None
+) -> UploadRecord:
+    modified = facts.mtime_ns / 1e9
+    if previous is None:
+        return UploadRecord(
+            name,
+            facts.size,
+            sha256,
+            content_type,
+            uploaded_at=modified,
+            modified=modified,
+            source=RecordSource.DISK,
+        )
+    return replace(
+        previous, size=facts.size, sha256=sha256, content_type=content_type, modified=modified
+    )
+
+
+def _in_sync(on_disk: dict[str, FileFacts], stored: list[StoredRecord]) -> bool:
+    return len(on_disk) == len(stored) and all(
+        on_disk.get(s.record.filename) == (s.record.size, s.mtime_ns, s.inode) for s in stored
+    )
+
+
+class UploadService:
+    """Save, list, rename and delete the files of a thread's uploads folder."""
+
+    def __init__(
+        self,
+        paths: ThreadPaths,
+        records: UploadRecords,
+        limits: UploadLimits,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.paths = paths
+        self.records = records
+        self.limits = limits
+        self._clock = clock
+
+    def uploads_dir(self, thread_id: str, user_id: str | None = None) -> Path:
+        """The thread's uploads folder (validated id, not created)."""
+        return self.paths.uploads_dir(thread_id, user_id)
+
+    def save_uploads(
+        self,
+        thread_id: str,
+        files: Iterable[IncomingFile],
+        *,
+        on_conflict: OnConflict = OnConflict.REPLACE,
+        user_id: str | None = None,
+    ) -> UploadResult:
+        """Store a request's files atomically: all of them, or none and nothing changed.
+
+        Raises:
+            InvalidThreadId, TooManyFiles, FileTooLarge, TotalTooLarge, NameConflict,
+            InsufficientStorage, NoFilesProvided: nothing was written.
+        """
+        validate_thread_id(thread_id)
+        folder = self.uploads_dir(thread_id, user_id)
+        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict))
+        try:
+            for incoming in files:
+                batch.add(incoming)
+            if batch.count == 0:
+                raise NoFilesProvided()
+            saved = self._commit(self.paths.scope(thread_id, user_id), batch)
+        except BaseException:
+            batch.discard()
+            raise
+        return UploadResult(saved, batch.skipped)
+
+    def _commit(self, scope: str, batch: _UploadBatch) -> list[SavedFile]:
+        commit = AtomicCommit()
+        saved: list[SavedFile] = []
+        current = ""
+        try:
+            with self.records.locked(scope) as txn:
+                seen = {s.record.sha256: s.record.filename for s in txn.all()}
+                for item in batch.staged:
+                    current = item.name
+                    dest = batch.folder / item.name
+                    if not is_safe_destination(dest):  # became a link while we streamed
+                        item.staging.discard()
+                        batch.skipped.append(item.name)
+                        continue
+                    previous = txn.get(item.name)
+                    commit.rename(item.staging.path, dest)
+                    item.staging.close()
+                    if previous is not None and previous.record.sha256 != item.sha256:
+                        self._drop_companions(txn, batch.folder, item.name)
+                    record = self._put(txn, dest, item)
+                    saved.append(SavedFile(record, seen.get(item.sha256)))
+                    seen.setdefault(item.sha256, item.name)
+        except OSError as error:
+            commit.undo()
+            raise StorageFailure(f"Failed to upload {current}: {error}") from error
+        except BaseException:
+            commit.undo()
+            raise
+        commit.forget_backups()
+        return saved
+
+    def _put(self, txn: RecordsTransaction, dest: Path, item: _Staged) -> UploadRecord:
+        info = dest.lstat()
+        record = UploadRecord(
+            filename=item.name,
+            size=info.st_size,
+            sha256=item.sha256,
+            content_type=item.content_type,
+            uploaded_at=self._clock(),
+            modified=info.st_mtime_ns / 1e9,
+            original_filename=item.original_filename,
+        )
+        txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino))
+        return record
+
+    def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
+        """The thread's records in code-point name order, reconciled with the folder first.
+
+        A file added or removed behind the app's back is picked up here, so the answer
+        always matches the directory.
+        """
+        folder = self.uploads_dir(thread_id, user_id)
+        scope = self.paths.scope(thread_id, user_id)
+        on_disk = scan_regular_files(folder)
+        stored = self.records.all(scope)
+        if _in_sync(on_disk, stored):
+            return [s.record for s in stored]
+        return self._reconcile(scope, folder, on_disk, stored)
+
+    def _reconcile(
+        self, scope: str, folder: Path, on_disk: dict[str, FileFacts], stored: list[StoredRecord]
+    ) -> list[UploadRecord]:
+        known = {s.record.filename: FileFacts(s.record.size, s.mtime_ns, s.inode) for s in stored}
+        hashed: dict[str, tuple[FileFacts, str, str]] = {}
+        for name, facts in on_disk.items():
+            if known.get(name) != facts:
+                try:  # hashed outside the lock: a large file must not stall other writers
+                    hashed[name] = (facts, *hash_and_sniff(folder / name))
+                except OSError:
+                    continue
+        with self.records.locked(scope) as txn:
+            current = scan_regular_files(folder)
+            for s in txn.all():
+                if s.record.filename not in current:
+                    txn.delete(s.record.filename)
+            for name, (facts, sha256, content_type) in hashed.items():
+                if current.get(name) != facts:
+                    continue  # changed again meanwhile; the next listing catches up
+                previous = txn.get(name)
+                record = _record_from_disk(
+                    name, facts, sha256, content_type, previous.record if previous else None
+                )
+                txn.put(StoredRecord(record, facts.mtime_ns, facts.inode))
+            return [s.record for s in txn.all()]
+
+    def get_upload(self, thread_id: str, filename: str, user_id: str | None = None) -> UploadRecord:
+        """One upload's record.
+
+        Raises:
+            UploadNotFound: No regular file of that name.
+        """
+        for record in self.list_uploads(thread_id, user_id):
+            if record.filename == filename:
+                return record
+        raise UploadNotFound(filename)
+
+    def delete_upload(self, thread_id: str, filename: str, user_id: str | None = None) -> list[str]:
+        """Delete one upload and the companion conversion made from it; return what went.
+
+        A symlink is never followed (SPEC D7): it is reported as not found. A `.md` the
+        user uploaded is never removed by the cascade (D8).
+        """
+        validate_thread_id(thread_id)
+        _check_single_segment(filename)
+        folder = self.uploads_dir(thread_id, user_id)
+        self._require_regular_file(folder / filename, filename)
+        self.list_uploads(thread_id, user_id)  # fresh records: the cascade relies on them
+        with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+            try:
+                (folder / filename).unlink()
+            except FileNotFoundError as error:
+                raise UploadNotFound(filename) from error
+            except OSError as error:
+                raise StorageFailure(f"Failed to delete {filename}: {error}") from error
+            txn.delete(filename)
+            return [filename, *self._drop_companions(txn, folder, filename)]
+
+    def _drop_companions(self, txn: RecordsTransaction, folder: Path, original: str) -> list[str]:
+        """Delete the `.md` files converted from `original`; return their names."""
+        dropped = []
+        for stored in txn.all():
+            record = stored.record
+            if record.filename == original or not _is_companion_of(record, original):
+                continue
+            path = folder / record.filename
+            if is_safe_destination(path) and path.exists():
+                path.unlink()
+            txn.delete(record.filename)
+            dropped.append(record.filename)
+        return dropped
+
+    def rename_upload(
+        self,
+        thread_id: str,
+        filename: str,
+        new_name: str,
+        *,
+        on_conflict: OnConflict = OnConflict.REJECT,
+        user_id: str | None = None,
+    ) -> UploadRecord:
+        """Rename an upload, keeping its record; a companion's link follows it.
+
+        The new name follows the upload rules; an existing name is replaced, numbered
+        (`_N`) or refused as `on_conflict` says (rename refuses by default).
+        """
+        validate_thread_id(thread_id)
+        _check_single_segment(filename)
+        if "/" in new_name:  # a new name is a name; an upload's client path is cut, not this
+            raise UnsafeFilename("A new name cannot contain /")
+        target = normalize_filename(new_name)
+        if is_staging_name(target):
+            raise UnsafeFilename(f"{target} is reserved for uploads in progress")
+        folder = self.uploads_dir(thread_id, user_id)
+        self._require_regular_file(folder / filename, filename)
+        self.list_uploads(thread_id, user_id)
+        if target == filename:
+            return self.get_upload(thread_id, filename, user_id)
+        with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+            target = self._rename_target(folder, target, OnConflict(on_conflict))
+            if txn.get(target) is not None:
+                self._drop_companions(txn, folder, target)
+                txn.delete(target)
+            os.replace(folder / filename, folder / target)
+            stored = txn.get(filename)
+            txn.delete(filename)
+            info = (folder / target).lstat()
+            record = (
+                replace(stored.record, filename=target, original_filename=None)
+                if stored
+                else _record_from_disk(
+                    target, facts_of(info), *hash_and_sniff(folder / target), previous=None
+                )
+            )
+            txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino))
+            for other in txn.all():
+                if other.record.converted_from == filename:
+                    txn.put(replace(other, record=replace(other.record, converted_from=target)))
+            return record
+
+    @staticmethod
+    def _rename_target(folder: Path, target: str, on_conflict: OnConflict) -> str:
+        if not os.path.lexists(folder / target):
+            return target
+        if on_conflict is OnConflict.REJECT:
+            raise NameConflict(target)
+        if on_conflict is OnConflict.RENAME:
+            return first_free_name(target, lambda n: os.path.lexists(folder / n))
+        if not is_safe_destination(folder / target):
+            raise UnsafeFilename(f"{target} is a link or a folder and cannot be replaced")
+        return target
+
+    @staticmethod
+    def _require_regular_file(path: Path, filename: str) -> None:
+        try:
+            info = path.lstat()
+        except (FileNotFoundError, NotADirectoryError) as error:
+            raise UploadNotFound(filename) from error
+        if not stat.S_ISREG(info.st_mode):
+            raise UploadNotFound(filename)
+
+
+def _is_companion_of(record: UploadRecord, original: str) -> bool:
+    """Recorded conversions always; a `.md` found on disk only by DeerFlow's naming rule."""
+    if record.converted_from is not None:
+        return record.converted_from == original
+    return (
+        record.source is RecordSource.DISK
+        and PurePosixPath(original).suffix.lower() in CONVERTIBLE_EXTENSIONS
+        and is_companion_name(record.filename, original)
+    )
+
+
+def _check_single_segment(filename: str) -> None:
+    if not filename or "/" in filename or "\x00" in filename or filename in {".", ".."}:
+        raise InvalidPath()
+
+
+def make_upload_service(base_dir: Path, limits: UploadLimits | None = None) -> UploadService:
+    """Build the service over a data dir: the one place storage objects are assembled."""
+    paths = ThreadPaths(base_dir)
+    records = SQLiteUploadRecords(paths.base_dir / RECORDS_FILE)
+    return UploadService(paths, records, limits or UploadLimits())

@@ -1,0 +1,66 @@
+/* Helpers shared by the page scripts: translated strings, sizes, the CSRF token, dialogs.
+ *
+ * An ES module: the page scripts import what they use, so nothing depends on the order in
+ * which the page loads them.
+ */
+
+const stringsNode = document.getElementById("js-strings");
+const strings = stringsNode ? JSON.parse(stringsNode.textContent) : {};
+const csrfMeta = document.querySelector('meta[name="csrf-token"]');
+
+/** The page's CSRF token, for requests that change data. */
+export const csrfToken = csrfMeta ? csrfMeta.getAttribute("content") : "";
+
+/** A translated string with {placeholders} filled in. */
+export function t(key, params) {
+  var text = strings[key] || key;
+  Object.keys(params || {}).forEach(function (name) {
+    text = text.split("{" + name + "}").join(String(params[name]));
+  });
+  return text;
+}
+
+/** Sizes exactly as the server writes them (SPEC 2.7): B, then KiB/MiB/GiB, one decimal. */
+export function formatSize(size) {
+  if (size < 1024) {
+    return size + " B";
+  }
+  var units = ["KiB", "MiB", "GiB"];
+  var value = size / 1024;
+  var index = 0;
+  while (value >= 1024 && index < units.length - 1) {
+    value /= 1024;
+    index += 1;
+  }
+  var text = value.toFixed(1);
+  if (text.slice(-2) === ".0") {
+    text = text.slice(0, -2);
+  }
+  return text + " " + units[index];
+}
+
+/** The message of an API error body (`detail` as text, or the first of a list). */
+export function detailOf(body, fallback) {
+  if (body && typeof body.detail === "string") {
+    return body.detail;
+  }
+  if (body && Array.isArray(body.detail) && body.detail.length && body.detail[0].msg) {
+    return body.detail[0].msg;
+  }
+  return fallback;
+}
+
+/** Open a modal dialog; resolve with whether it was closed with the "confirm" value. */
+export function showDialog(dialog) {
+  return new Promise(function (resolve) {
+    dialog.addEventListener(
+      "close",
+      function () {
+        resolve(dialog.returnValue === "confirm");
+      },
+      { once: true }
+    );
+    dialog.returnValue = "";
+    dialog.showModal();
+  });
+}
