@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from flask.testing import FlaskClient
@@ -130,3 +131,19 @@ def test_served_document_carries_this_servers_file_limit(make_app) -> None:
     files = form["content"]["multipart/form-data"]["schema"]["properties"]["files"]
     assert files["maxItems"] == 3
     assert files["minItems"] == 1
+
+
+@pytest.mark.parametrize("name", ("line\rbreak.txt", "new\nline.txt", "tab\there.txt"))
+def test_a_name_with_control_characters_is_served(
+    client: FlaskClient, base_dir: Path, name: str
+) -> None:
+    folder = uploads_dir(base_dir, "T")
+    folder.mkdir(parents=True)
+    (folder / name).write_bytes(b"body")
+    url = f"/api/threads/T/artifacts/mnt/user-data/uploads/{quote(name, safe='')}"
+    for query in ("", "?download=true"):
+        with client.get(url + query) as response:
+            assert response.status_code == 200
+            assert response.get_data() == b"body"
+            disposition = response.headers["Content-Disposition"]
+            assert disposition.endswith("filename*=UTF-8''" + quote(name, safe=""))

@@ -33,10 +33,11 @@ class VirtualPathConverter(PathConverter):
     """Werkzeug's `path` that also takes a leading slash, as DeerFlow's `{path:path}` does.
 
     So `.../artifacts//mnt/user-data/x` (a client joining the URL and a virtual path) finds
-    the file instead of no route.
+    the file instead of no route; and a name holding a line break (names keep control
+    characters) still matches, which `.` would not.
     """
 
-    regex = "/?[^/].*?"
+    regex = r"/?[^/][\s\S]*?"
 
 
 bp.record_once(lambda state: state.app.url_map.converters.setdefault("vpath", VirtualPathConverter))
@@ -176,7 +177,7 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
         mimetype=artifact.content_type,
         conditional=True,
         as_attachment=attachment,
-        download_name=artifact.name,
+        download_name=quote(artifact.name, safe=""),  # replaced below; a name may hold CR or LF
         etag=True,
     )
     kind = "attachment" if attachment else "inline"

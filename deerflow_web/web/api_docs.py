@@ -6,8 +6,8 @@ files, which generators describe poorly, and a plain file reads as the contract 
 test suite keeps it honest (every route documented, every response checked against it).
 
 The file describes the server with accounts on. `build_document` fits it to one server's
-settings: its `max_files`, and without accounts no security requirements and no 401s,
-because such a server never asks for credentials.
+settings: its `max_files`, and without accounts no account routes, no security
+requirements and no 401s, because such a server never asks for credentials.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from deerflow_web.settings import Settings
 from deerflow_web.web.wiring import get_services
 
 DOCUMENT_PATH = Path(__file__).with_name("openapi.yaml")
+ACCOUNT_PATHS = ("/api/v1/auth/", "/api/v1/admin/")
 HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
 
 bp = Blueprint("api_docs", __name__)
@@ -62,7 +63,10 @@ def build_document(settings: Settings) -> dict[str, Any]:
 def _without_accounts(document: dict[str, Any]) -> None:
     document.pop("security", None)
     document["components"].pop("securitySchemes", None)
-    for item in document["paths"].values():
+    paths = document["paths"]
+    for path in [path for path in paths if path.startswith(ACCOUNT_PATHS)]:
+        del paths[path]  # the account routes exist only with accounts on
+    for item in paths.values():
         for method, operation in item.items():
             if method in HTTP_METHODS:
                 operation.pop("security", None)
