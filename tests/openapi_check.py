@@ -118,7 +118,6 @@ def check_responses(app: Flask, document: Mapping[str, Any]) -> ResponseChecker:
     checker = ResponseChecker(document)
     documented = {openapi_path(path) for path in document["paths"]}
 
-    @app.after_request
     def _check(response: Response) -> Response:
         rule = request.url_rule
         if rule is None:  # routing 404/405: no operation to hold it to
@@ -129,6 +128,9 @@ def check_responses(app: Flask, document: Mapping[str, Any]) -> ResponseChecker:
         assert not found, "response does not match openapi.yaml:\n" + "\n".join(found)
         return response
 
+    # Flask runs the app's after_request functions last-registered first: put this one
+    # first, so it sees the response after every other hook has added its headers.
+    app.after_request_funcs.setdefault(None, []).insert(0, _check)
     return checker
 
 
