@@ -182,6 +182,20 @@ class ConversionTimedOut(ConversionError):
     """The converter ran past its time limit and was stopped."""
 
 
+class ConversionQueueFull(DeerFlowError):
+    """Too many conversions are waiting; the request was not queued and may be retried.
+
+    Not a `ConversionError`: nothing is wrong with the document, so its record keeps its
+    state and the caller is told when to come back (`retry_after`, in seconds).
+    """
+
+    def __init__(self, queued: int, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"The conversion queue is full ({queued} waiting); try again in {retry_after} s"
+        )
+
+
 class StorageFailure(DeerFlowError):
     """An unexpected I/O error; the operation was rolled back and may be retried."""
 

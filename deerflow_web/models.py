@@ -91,7 +91,12 @@ Number = TypeVar("Number", int, float)
 
 
 def positive_setting(
-    section: Mapping[str, object], key: str, default: Number, *, alias: str | None = None
+    section: Mapping[str, object],
+    key: str,
+    default: Number,
+    *,
+    alias: str | None = None,
+    section_name: str = "uploads",
 ) -> Number:
     """`section[key]` (else `section[alias]`) as a positive number of `default`'s type.
 
@@ -108,7 +113,9 @@ def positive_setting(
     except (TypeError, ValueError):
         value = type(default)(0)
     if isinstance(raw, bool) or value <= 0:
-        logger.warning("uploads.%s=%r is not a positive number; using %s", key, raw, default)
+        logger.warning(
+            "%s.%s=%r is not a positive number; using %s", section_name, key, raw, default
+        )
         return default
     return value
 
@@ -147,7 +154,9 @@ class UploadRecord:
 
     The directory holds the bytes; this record is the single source of truth for what the
     app knows about them. `converted_from` marks a conversion companion; the original's
-    companion is found through that link, so the relation is stored once.
+    companion is found through that link, so the relation is stored once. A companion's
+    `source_sha256` is the original's content it was made from: when the original's bytes
+    change (even behind the app's back), the companion no longer describes them.
     """
 
     filename: str
@@ -161,6 +170,7 @@ class UploadRecord:
     converted_from: str | None = None
     conversion_state: ConversionState | None = None
     conversion_error: str | None = None
+    source_sha256: str | None = None
 
     @property
     def extension(self) -> str:

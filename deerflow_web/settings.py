@@ -39,6 +39,15 @@ class ConversionSettings:
     memory_limit_mb: int = 2048
     wait_seconds: float = 3.0
     workers: int = 2
+    max_output_bytes: int = UploadLimits.max_file_size
+    max_queued: int = 20
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How the agent's file tools behave."""
+
+    read_conversion_wait_seconds: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,7 @@ class Settings:
     base_dir: Path
     limits: UploadLimits = field(default_factory=UploadLimits)
     conversion: ConversionSettings = field(default_factory=ConversionSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
     allowed_origins: tuple[str, ...] = ()
     config_path: Path | None = None
 
@@ -81,9 +91,17 @@ def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return {}
 
 
-def conversion_from_mapping(uploads: Mapping[str, Any]) -> ConversionSettings:
-    """Read the conversion keys of `uploads.*`; invalid values fall back with a warning."""
+def conversion_from_mapping(
+    uploads: Mapping[str, Any],
+    conversion: Mapping[str, Any] | None = None,
+    *,
+    max_file_size: int = UploadLimits.max_file_size,
+) -> ConversionSettings:
+    """Read the conversion keys of `uploads.*` and `conversion.*`; invalid values fall back
+    with a warning. The Markdown cap defaults to the upload size limit: a companion is a file
+    of the thread like any other."""
     defaults = ConversionSettings()
+    conversion = conversion or {}
     if uploads.get("pdf_converter") is not None:
         # Read once, when the app starts: PDFs always go through markitdown (pymupdf4llm is
         # AGPL, SPEC D9), so the key is only there for configs written for DeerFlow.
@@ -101,6 +119,25 @@ def conversion_from_mapping(uploads: Mapping[str, Any]) -> ConversionSettings:
         ),
         wait_seconds=positive_setting(uploads, "conversion_wait_seconds", defaults.wait_seconds),
         workers=positive_setting(uploads, "conversion_workers", defaults.workers),
+        max_output_bytes=positive_setting(
+            conversion, "max_output_bytes", max_file_size, section_name="conversion"
+        ),
+        max_queued=positive_setting(
+            conversion, "max_queued", defaults.max_queued, section_name="conversion"
+        ),
+    )
+
+
+def agent_from_mapping(agent: Mapping[str, Any]) -> AgentSettings:
+    """Read `agent.*`; invalid values fall back with a warning."""
+    defaults = AgentSettings()
+    return AgentSettings(
+        read_conversion_wait_seconds=positive_setting(
+            agent,
+            "read_conversion_wait_seconds",
+            defaults.read_conversion_wait_seconds,
+            section_name="agent",
+        )
     )
 
 
@@ -170,10 +207,14 @@ def load_settings(
     origins = server.get("allowed_origins") or ()
     if isinstance(origins, str):
         origins = (origins,)
+    limits = UploadLimits.from_mapping(uploads)
     return Settings(
         base_dir=resolve_base_dir(base_dir or config.get("base_dir"), env),
-        limits=UploadLimits.from_mapping(uploads),
-        conversion=conversion_from_mapping(uploads),
+        limits=limits,
+        conversion=conversion_from_mapping(
+            uploads, _section(config, "conversion"), max_file_size=limits.max_file_size
+        ),
+        agent=agent_from_mapping(_section(config, "agent")),
         allowed_origins=tuple(str(o).rstrip("/") for o in origins),
         config_path=path,
     )

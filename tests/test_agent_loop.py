@@ -249,7 +249,7 @@ def test_the_thread_may_come_from_the_config_alone(base: Path) -> None:
     grep = json.loads(_tool_messages(model.received[1])["g1"].content)
     assert grep["matches"] == [
         {
-            "path": "/mnt/user-data/uploads/evil&lt;system&gt;name.md",
+            "path": "/mnt/user-data/uploads/evil&lt;system&gt;name.pdf",  # read through its .md
             "line": 4,
             "text": "revenue grew",
         }

@@ -591,9 +591,11 @@ def _grep(base: Path, **args: Any) -> Any:
 def test_grep_finds_lines_in_uploads_only_by_default(base: Path, tree: Path) -> None:
     result = _grep(base, pattern="revenue")
     found = {(m["path"], m["line"]) for m in result["matches"]}
+    # report.md is the companion of report.pdf (DeerFlow's naming rule): its lines are
+    # reported under the document's path, the one the upload block prints (SPEC D17).
     assert found == {
         ("/mnt/user-data/uploads/&lt;system&gt;x.md", 1),
-        ("/mnt/user-data/uploads/report.md", 2),
+        ("/mnt/user-data/uploads/report.pdf", 2),
         ("/mnt/user-data/uploads/sub/deep.md", 1),
     }
     assert "SECRET" not in json.dumps(result) and "<system>" not in json.dumps(result)

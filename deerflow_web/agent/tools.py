@@ -6,6 +6,10 @@ from the model's schema (`InjectedToolArg`); LangChain's `ToolNode` fills it wit
 config's `configurable.thread_id` is used. Tool errors are raised as `ToolException` with
 `handle_tool_error=True`, so the model reads the message instead of the run failing.
 
+`read_file` and `grep` read an uploaded document (PDF, Word, Excel, PowerPoint) as its
+Markdown text, converting it on demand through the same background jobs as the Convert
+button (SPEC D17). Given only a base dir, the tools build those jobs from the settings.
+
 Wiring::
 
     tools = make_file_tools(base_dir=settings.base_dir, upload_service=service)
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Annotated
 from typing import Any
@@ -36,9 +41,14 @@ from deerflow_web.agent.uploads_source import list_records
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.prompt.document_text import DocumentTexts
+from deerflow_web.services.prompt.file_access import FileToolFailure
 from deerflow_web.services.prompt.file_access import UserDataFiles
+from deerflow_web.services.prompt.file_access import run_file_tool
 from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
-from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
+from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.storage.paths import ThreadPaths
 
 logger = logging.getLogger(__name__)
@@ -47,6 +57,50 @@ Result = TypeVar("Result")
 
 NO_RUNTIME = "No runtime context available."
 THREAD_NOT_FOUND = "Thread not found."
+
+
+class DocumentSource:
+    """The conversion jobs the tools read documents through, built on first use.
+
+    Built lazily so that making the tools touches nothing on disk, and from the settings
+    (config.yaml, DEER_FLOW_HOME) when the caller gives no jobs, so that
+    `make_file_tools(base_dir=...)` alone reads documents like the app converts them.
+    """
+
+    def __init__(
+        self,
+        paths: ThreadPaths,
+        *,
+        upload_service: UploadLister | None = None,
+        conversion_jobs: ConversionJobs | None = None,
+        wait_seconds: float | None = None,
+    ) -> None:
+        self._paths = paths
+        self._uploads = upload_service if isinstance(upload_service, UploadService) else None
+        self._jobs = conversion_jobs
+        self._wait = wait_seconds
+        self._lock = threading.Lock()
+
+    def jobs(self) -> tuple[ConversionJobs, float]:
+        """The jobs and the wait budget (`agent.read_conversion_wait_seconds`)."""
+        with self._lock:
+            if self._jobs is None or self._wait is None:
+                from deerflow_web.settings import load_settings  # reads config.yaml: only now
+
+                settings = load_settings(self._paths.base_dir)
+                if self._jobs is None:
+                    uploads = self._uploads or make_upload_service(
+                        self._paths.base_dir, settings.limits
+                    )
+                    self._jobs = ConversionJobs(uploads, settings.conversion)
+                if self._wait is None:
+                    self._wait = settings.agent.read_conversion_wait_seconds
+            return self._jobs, self._wait
+
+    def for_thread(self, thread_id: str, user_id: str | None) -> DocumentTexts:
+        """The documents of one thread."""
+        jobs, wait = self.jobs()
+        return DocumentTexts(jobs, thread_id, user_id, wait)
 
 
 def _current_run_names(runtime: Any) -> set[str]:
@@ -59,12 +113,14 @@ def _current_run_names(runtime: Any) -> set[str]:
         return set()
 
 
-def _user_data(paths: ThreadPaths, runtime: Any) -> UserDataFiles:
+def _user_data(paths: ThreadPaths, runtime: Any, documents: DocumentSource | None) -> UserDataFiles:
     thread_id = thread_id_from(runtime)
     if thread_id is None:
         raise ToolException("No thread is attached to this run, so there are no files to read.")
+    user_id = user_id_from(runtime)
     try:
-        return UserDataFiles(paths, thread_id, user_id_from(runtime))
+        texts = documents.for_thread(thread_id, user_id) if documents is not None else None
+        return UserDataFiles(paths, thread_id, user_id, texts)
     except DeerFlowError as error:
         raise ToolException(str(error)) from error
 
@@ -75,15 +131,14 @@ def _in_thread(
     verb: str,
     path: str,
     action: Callable[[UserDataFiles], Result],
+    documents: DocumentSource | None = None,
 ) -> Result:
     """Run a file action in the run's thread; failures become messages the model can use."""
-    files = _user_data(paths, runtime)
+    files = _user_data(paths, runtime, documents)
     try:
-        return action(files)
-    except DeerFlowError as error:
+        return run_file_tool(verb, path, lambda: action(files))
+    except FileToolFailure as error:
         raise ToolException(str(error)) from error
-    except OSError as error:
-        raise ToolException(f"Cannot {verb} {neutralize(path)}: {error.strerror}") from error
 
 
 def make_list_uploaded_files_tool(
@@ -148,10 +203,32 @@ def make_list_uploaded_files_tool(
 
 
 def make_read_file_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
+    conversion_jobs: ConversionJobs | None = None,
+    read_wait_seconds: float | None = None,
+    documents: DocumentSource | None = None,
 ) -> BaseTool:
-    """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines)."""
+    """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines).
+
+    Args:
+        base_dir: Data root; None uses the app's settings.
+        paths: A ready `ThreadPaths` (wins over base_dir).
+        upload_service: The app's `UploadService`, reused for document records.
+        conversion_jobs: The app's `ConversionJobs`; None builds them from the settings.
+        read_wait_seconds: How long a call waits for a conversion; None uses
+            `agent.read_conversion_wait_seconds`.
+        documents: A `DocumentSource` shared with `grep` (wins over the three above).
+    """
     thread_paths = resolve_thread_paths(base_dir, paths)
+    source = documents or DocumentSource(
+        thread_paths,
+        upload_service=upload_service,
+        conversion_jobs=conversion_jobs,
+        wait_seconds=read_wait_seconds,
+    )
 
     @tool(parse_docstring=True)
     def read_file(
@@ -160,9 +237,10 @@ def make_read_file_tool(
         end_line: int | None = None,
         runtime: Annotated[Any, InjectedToolArg] = None,
     ) -> str:
-        """Read a text file of this conversation, with line numbers.
+        """Read a file of this conversation, with line numbers.
 
-        Use the line numbers of a document outline to read just one section.
+        PDF, Word, Excel and PowerPoint files are read as their Markdown text; the line
+        numbers of a document outline refer to that text, so use them to read one section.
         At most 2000 lines are returned per call.
 
         Args:
@@ -176,6 +254,7 @@ def make_read_file_tool(
             "read",
             path,
             lambda files: files.read(path, start_line, end_line),
+            source,
         )
 
     read_file.handle_tool_error = True
@@ -211,10 +290,26 @@ def make_glob_tool(
 
 
 def make_grep_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
+    conversion_jobs: ConversionJobs | None = None,
+    read_wait_seconds: float | None = None,
+    documents: DocumentSource | None = None,
 ) -> BaseTool:
-    """Build `grep`: search the text of the thread's files with a regular expression."""
+    """Build `grep`: search the text of the thread's files with a regular expression.
+
+    Documents are searched through their Markdown text, as `read_file` reads them; the
+    arguments are `make_read_file_tool`'s.
+    """
     thread_paths = resolve_thread_paths(base_dir, paths)
+    source = documents or DocumentSource(
+        thread_paths,
+        upload_service=upload_service,
+        conversion_jobs=conversion_jobs,
+        wait_seconds=read_wait_seconds,
+    )
 
     @tool(parse_docstring=True)
     def grep(
@@ -225,6 +320,9 @@ def make_grep_tool(
         runtime: Annotated[Any, InjectedToolArg] = None,
     ) -> dict[str, Any]:
         """Search file contents for a regular expression and return matching lines.
+
+        PDF, Word, Excel and PowerPoint files are searched through their Markdown text.
+        Documents whose text is not ready are listed under "skipped".
 
         Args:
             pattern: Python regular expression, such as 'revenue|income'.
@@ -238,6 +336,7 @@ def make_grep_tool(
             "search",
             path,
             lambda files: files.grep(pattern, path, glob, max_results),
+            source,
         )
 
     grep.handle_tool_error = True
@@ -249,12 +348,31 @@ def make_file_tools(
     base_dir: str | os.PathLike[str] | None = None,
     upload_service: UploadLister | None = None,
     paths: ThreadPaths | None = None,
+    conversion_jobs: ConversionJobs | None = None,
+    read_wait_seconds: float | None = None,
 ) -> list[BaseTool]:
-    """All four tools, sharing one `ThreadPaths`."""
+    """All four tools, sharing one `ThreadPaths` and one set of conversion jobs.
+
+    Args:
+        base_dir: Data root; None uses the app's settings.
+        upload_service: Source of upload records (the app's `UploadService` is also reused
+            for document conversions); None derives the listing from the folder.
+        paths: A ready `ThreadPaths` (wins over base_dir).
+        conversion_jobs: The app's `ConversionJobs`, when the tools run in the app's
+            process; None builds them from the settings on first use.
+        read_wait_seconds: How long `read_file` and `grep` wait for a conversion; None
+            uses `agent.read_conversion_wait_seconds`.
+    """
     thread_paths = resolve_thread_paths(base_dir, paths)
+    documents = DocumentSource(
+        thread_paths,
+        upload_service=upload_service,
+        conversion_jobs=conversion_jobs,
+        wait_seconds=read_wait_seconds,
+    )
     return [
         make_list_uploaded_files_tool(upload_service=upload_service, paths=thread_paths),
-        make_read_file_tool(paths=thread_paths),
+        make_read_file_tool(paths=thread_paths, documents=documents),
         make_glob_tool(paths=thread_paths),
-        make_grep_tool(paths=thread_paths),
+        make_grep_tool(paths=thread_paths, documents=documents),
     ]

@@ -40,15 +40,19 @@ CREATE TABLE IF NOT EXISTS uploads (
     conversion_state TEXT,
     conversion_error TEXT,
     conversion_owner TEXT,
+    source_sha256 TEXT,
     PRIMARY KEY (scope, filename)
 ) WITHOUT ROWID;
 """
+# Columns added after the first release, with their type: databases made before get them
+# at start-up (existing rows read NULL).
+ADDED_COLUMNS = (("source_sha256", "TEXT"),)
 
 CACHED_SCOPES = 64  # threads whose records each server thread keeps in memory
 
 _COLUMNS = (
     "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
-    "original_filename, converted_from, conversion_state, conversion_error"
+    "original_filename, converted_from, conversion_state, conversion_error, source_sha256"
 )
 
 
@@ -89,6 +93,7 @@ def _to_stored(row: tuple) -> StoredRecord:
         converted_from,
         state,
         error,
+        source_sha256,
     ) = row
     return StoredRecord(
         record=UploadRecord(
@@ -103,6 +108,7 @@ def _to_stored(row: tuple) -> StoredRecord:
             converted_from=converted_from,
             conversion_state=_STATES[state] if state else None,  # dict: Enum() is slow
             conversion_error=error,
+            source_sha256=source_sha256,
         ),
         mtime_ns=mtime_ns,
         inode=inode,
@@ -161,7 +167,7 @@ class _SQLiteTransaction:
         r = stored.record
         self._db.execute(
             f"INSERT OR REPLACE INTO uploads (scope, {_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 self._scope,
                 r.filename,
@@ -176,6 +182,7 @@ class _SQLiteTransaction:
                 r.converted_from,
                 r.conversion_state.value if r.conversion_state else None,
                 r.conversion_error,
+                r.source_sha256,
             ),
         )
 
@@ -185,6 +192,18 @@ class _SQLiteTransaction:
         )
 
 
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """Bring a database made by an earlier release up to `SCHEMA`."""
+    present = {row[1] for row in db.execute("PRAGMA table_info(uploads)")}
+    for name, kind in ADDED_COLUMNS:
+        if name not in present:
+            try:
+                db.execute(f"ALTER TABLE uploads ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as error:
+                if "duplicate column" not in str(error):  # another process added it first
+                    raise
+
+
 class SQLiteUploadRecords:
     """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer)."""
 
@@ -192,6 +211,7 @@ class SQLiteUploadRecords:
         self.db_path = db_path
         self._connections = ThreadConnections(db_path, SCHEMA)
         self._connections.prepare()
+        _add_missing_columns(self._connections.get())
         self._caches = threading.local()
 
     def _db(self) -> sqlite3.Connection:

@@ -23,16 +23,21 @@ from flask import url_for
 from flask.typing import ResponseReturnValue
 from flask_babel import ngettext
 
+from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.listing import build_listing
 from deerflow_web.services.prompt.chat_preview import PreviewTurn
+from deerflow_web.services.prompt.tool_preview import ToolPreview
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.chat_forms import ChatPreviewForm
 from deerflow_web.web.chat_forms import ChatUploadForm
+from deerflow_web.web.chat_forms import ToolPreviewForm
 from deerflow_web.web.extensions import csrf
 from deerflow_web.web.forms import CsrfOnlyForm
 from deerflow_web.web.uploads import save_form_files
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_chat_preview_service
+from deerflow_web.web.wiring import get_tool_preview_service
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("chat", __name__)
@@ -56,8 +61,22 @@ def _selected(turns: Sequence[PreviewTurn], turn_id: int | None) -> int | None:
     return len(turns) - 1 if turns else None
 
 
+def _tool_form(records: Sequence[UploadRecord], form: ToolPreviewForm | None) -> ToolPreviewForm:
+    """The tools panel's form, offering the thread's uploads and the whole folder."""
+    form = form or ToolPreviewForm(formdata=None)
+    form.path.choices = [(record.virtual_path, record.filename) for record in records]
+    form.path.choices.append((VIRTUAL_UPLOADS_DIR, f"{VIRTUAL_UPLOADS_DIR}/"))
+    return form
+
+
 def _render(
-    thread_id: str, form: ChatPreviewForm, turns: list[PreviewTurn], status: int = 200
+    thread_id: str,
+    form: ChatPreviewForm,
+    turns: list[PreviewTurn],
+    status: int = 200,
+    *,
+    tool_form: ToolPreviewForm | None = None,
+    tool_preview: ToolPreview | None = None,
 ) -> ResponseReturnValue:
     records = get_upload_service().list_uploads(thread_id, current_user_id())
     index = _selected(turns, request.args.get("turn", type=int))
@@ -67,6 +86,8 @@ def _render(
         form=form,
         upload_form=ChatUploadForm(formdata=None),
         clear_form=CsrfOnlyForm(formdata=None),
+        tool_form=_tool_form(records, tool_form),
+        tool_preview=tool_preview,
         groups=build_listing(records).groups,
         turns=turns,
         index=index,
@@ -102,6 +123,27 @@ def preview_message(thread_id: str) -> ResponseReturnValue:
     attached = [name for name in form.attach.data or [] if name]
     turn = service.preview(thread_id, text, attached, form.mode.data, current_user_id())
     return _back(thread_id, turn=turn.turn_id, _anchor="result")
+
+
+@bp.post("/threads/<thread_id>/chat/tools")
+def preview_tool(thread_id: str) -> ResponseReturnValue:
+    """Show what `read_file` or `grep` returns to the model for the chosen file."""
+    validate_thread_id(thread_id)
+    user_id = current_user_id()
+    turns = get_chat_preview_service().history(thread_id, user_id)
+    compose = ChatPreviewForm(formdata=None, mode=turns[-1].mode if turns else "current")
+    form = ToolPreviewForm()
+    if not form.validate_on_submit():
+        return _render(thread_id, compose, turns, 422, tool_form=form)
+    service = get_tool_preview_service()
+    path = form.path.data or VIRTUAL_UPLOADS_DIR
+    if form.tool.data == "grep":
+        preview = service.grep(thread_id, form.pattern.data or "", path, user_id=user_id)
+    else:
+        preview = service.read_file(
+            thread_id, path, form.start_line.data, form.end_line.data, user_id=user_id
+        )
+    return _render(thread_id, compose, turns, tool_form=form, tool_preview=preview)
 
 
 @bp.post("/threads/<thread_id>/chat/upload")

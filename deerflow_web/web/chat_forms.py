@@ -11,10 +11,14 @@ from flask_babel import lazy_gettext as _l
 from flask_wtf import FlaskForm
 from flask_wtf.file import FileRequired
 from flask_wtf.file import MultipleFileField
+from wtforms import IntegerField
 from wtforms import SelectField
 from wtforms import SelectMultipleField
+from wtforms import StringField
 from wtforms import TextAreaField
 from wtforms.validators import Length
+from wtforms.validators import NumberRange
+from wtforms.validators import Optional
 
 # Form fields are read into memory (MAX_FORM_MEMORY_SIZE is 64 KiB); a Chinese character
 # takes 3 bytes in UTF-8, so this stays well inside the limit.
@@ -47,3 +51,24 @@ class ChatUploadForm(FlaskForm):
     """
 
     files = MultipleFileField(_l("Files"), validators=[FileRequired(_l("Choose a file."))])
+
+
+def tool_choices() -> list[tuple[str, object]]:
+    """The file tools whose answers the tools panel shows."""
+    return [("read_file", "read_file"), ("grep", "grep")]
+
+
+class ToolPreviewForm(FlaskForm):
+    """A `read_file` or `grep` call to run as the agent would.
+
+    The path and pattern are not judged here: what the tool answers to a bad one is
+    exactly what the panel is for.
+    """
+
+    tool = SelectField(_l("Tool"), choices=tool_choices, default="read_file")
+    path = SelectField(_l("File"), validate_choice=False)
+    start_line = IntegerField(
+        _l("From line"), validators=[Optional(), NumberRange(min=1, max=10**9)]
+    )
+    end_line = IntegerField(_l("To line"), validators=[Optional(), NumberRange(min=1, max=10**9)])
+    pattern = StringField(_l("Pattern (grep)"), validators=[Length(max=1000)])

@@ -16,6 +16,7 @@ from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import ArtifactPrefixError
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileTooLarge
@@ -57,6 +58,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     FileTooLarge: 413,
     TotalTooLarge: 413,
     ConversionError: 422,
+    ConversionQueueFull: 429,
     StorageFailure: 500,
     ConfigError: 503,
     ConversionTimedOut: 504,
@@ -90,7 +92,10 @@ def register_error_handlers(app: Flask) -> None:
             logger.error("request failed: %s", error, exc_info=error)
         if isinstance(error, InvalidInput) and _wants_json():
             return {"detail": validation_detail(error)}, 422
-        return render_error(status, str(error))
+        headers = []
+        if isinstance(error, ConversionQueueFull):
+            headers.append(("Retry-After", str(error.retry_after)))
+        return render_error(status, str(error), headers)
 
     @app.errorhandler(HTTPException)  # routing 404/405, 413 from the server, CSRF, 416
     def handle_http_error(error: HTTPException) -> ResponseReturnValue:

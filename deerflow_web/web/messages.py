@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from flask_babel import gettext as _
 
+from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileTooLarge
 from deerflow_web.errors import InsufficientStorage
@@ -46,4 +47,9 @@ def describe_error(error: DeerFlowError, limits: UploadLimits) -> str:
         return _("Not enough disk space. Nothing was uploaded.")
     if isinstance(error, InvalidThreadId):
         return _("Thread ids use 1-64 letters, digits, hyphens or underscores.")
+    if isinstance(error, ConversionQueueFull):
+        return _(
+            "The conversion queue is full. Try again in %(seconds)d seconds.",
+            seconds=error.retry_after,
+        )
     return str(error)

@@ -13,6 +13,7 @@ from flask import current_app
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
+from deerflow_web.services.prompt.tool_preview import ToolPreviewService
 from deerflow_web.services.uploads.intake import UploadIntake
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
@@ -32,6 +33,9 @@ class Services:
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.intake = UploadIntake(self.uploads, self.conversions)
         self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
+        self.tool_previews = ToolPreviewService(
+            self.conversions, settings.agent.read_conversion_wait_seconds
+        )
 
 
 def persistent_secret_key(base_dir: Path) -> str:
@@ -79,6 +83,11 @@ def get_upload_service() -> UploadService:
 def get_chat_preview_service() -> ChatPreviewService:
     """The chat preview service of the current app."""
     return get_services().chat_previews
+
+
+def get_tool_preview_service() -> ToolPreviewService:
+    """The service that shows what the agent's file tools return."""
+    return get_services().tool_previews
 
 
 def current_user_id() -> str | None:

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import ACTIVE_CONVERSION_STATES
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 INTERRUPTED = "The conversion was interrupted by a server restart; convert the file again"
 POLL_SECONDS = 0.2
+RETRY_AFTER_SECONDS = 10  # a slot frees when a job ends; most take seconds, not minutes
 
 Converter = Callable[..., object]
 
@@ -101,6 +103,15 @@ class ConversionJobs:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # made on first use: never across a fork
         self._running: dict[tuple[str, str], Future[dict[str, ConversionError | None]]] = {}
+        self._counting = threading.Lock()
+        self._waiting = 0  # jobs submitted to the pool that have not started yet
+        self.started_jobs = 0  # conversions run by this process, for tests and benchmarks
+
+    @property
+    def queued(self) -> int:
+        """Jobs of this process waiting for a free converter."""
+        with self._counting:
+            return self._waiting
 
     def fail_interrupted_jobs(self) -> int:
         """Mark jobs whose process died (a restart) as failed; return how many."""
@@ -125,6 +136,7 @@ class ConversionJobs:
         Raises:
             UploadNotFound: No such upload.
             NotConvertible: Not a PDF, Word, Excel or PowerPoint file.
+            ConversionQueueFull: `conversion.max_queued` jobs are already waiting.
         """
         record = self.uploads.get_upload(thread_id, filename, user_id)
         if not record.convertible:
@@ -160,7 +172,11 @@ class ConversionJobs:
         names = [saved.record.filename for saved in result.files if saved.record.convertible]
         if not names:
             return {}
-        future = self._start(thread_id, user_id, names)
+        try:
+            future = self._start(thread_id, user_id, names)
+        except ConversionQueueFull:
+            logger.warning("conversion queue full: %d upload(s) left unconverted", len(names))
+            return {}  # the upload itself succeeded; Convert stays available
         try:
             future.result(timeout=self.settings.wait_seconds)
         except FutureTimeout:
@@ -177,6 +193,11 @@ class ConversionJobs:
             running = self._running.get(key)
             if running is not None and not running.done():
                 return running
+            with self._counting:
+                if self._waiting >= self.settings.max_queued:
+                    # Bounded, so a burst of requests cannot pile up hours of work.
+                    raise ConversionQueueFull(self._waiting, RETRY_AFTER_SECONDS)
+                self._waiting += 1
             for name in filenames:
                 self.uploads.records.set_conversion(
                     scope, name, ConversionState.QUEUED, None, process_owner()
@@ -222,6 +243,9 @@ class ConversionJobs:
     def _run(
         self, thread_id: str, user_id: str | None, filenames: list[str]
     ) -> dict[str, ConversionError | None]:
+        with self._counting:  # not `_lock`: a pool may run a job inside `_start`
+            self._waiting -= 1
+            self.started_jobs += 1
         outcome: dict[str, ConversionError | None] = {}
         for filename in filenames:
             try:
@@ -265,6 +289,7 @@ class ConversionJobs:
                 temporary,
                 timeout_seconds=self.settings.timeout_seconds,
                 memory_limit_mb=self.settings.memory_limit_mb,
+                max_output_bytes=self.settings.max_output_bytes,
             )
             self._commit(scope, folder, filename, before.record.sha256, temporary)
         finally:
@@ -301,6 +326,7 @@ class ConversionJobs:
                 modified=info.st_mtime_ns / 1e9,
                 source=RecordSource.CONVERSION,
                 converted_from=filename,
+                source_sha256=sha256,
             )
             facts = facts_of(info)
             txn.put(StoredRecord(companion, facts.mtime_ns, facts.inode))

@@ -4,8 +4,10 @@ markitdown parses untrusted Office and PDF files, and a hostile or huge file can
 all memory. So the parsing happens in a child process (`worker.py`) that has a time
 limit (the parent kills its whole process group), an address-space limit, a private HOME and
 TMPDIR (markitdown's import writes a cache under HOME), and none of the app's environment
-secrets. The Markdown is written to a staging file next to the destination and renamed onto
-it only on success, so a failed or stopped conversion never leaves a partial `.md` behind.
+secrets. The document reaches it on standard input under a neutral name, so no host path can
+end up in a companion. The Markdown is written to a staging file next to the destination and
+renamed onto it only on success, so a failed or stopped conversion never leaves a partial
+`.md` behind.
 
 This module knows nothing of threads, records or the web; callers pick the destination name
 (SPEC 3.2, D8) and turn `ConversionError` into whatever their user sees.
@@ -13,6 +15,7 @@ This module knows nothing of threads, records or the web; callers pick the desti
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -25,6 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from deerflow_web.errors import ConversionError
 from deerflow_web.errors import ConversionTimedOut
@@ -51,6 +55,7 @@ _WORKER_ENV = {
     "PYTHONUTF8": "1",
 }
 _RESULT_LIMIT = 64 * 1024
+_OUTPUT_NAME = "output.md"
 _LOG_TAIL = 2000
 _FORMAT_NAMES = {
     ".pdf": "PDF",
@@ -80,6 +85,7 @@ def convert_to_markdown(
     *,
     timeout_seconds: float,
     memory_limit_mb: int,
+    max_output_bytes: int | None = None,
     worker_command: Sequence[str] | None = None,
 ) -> MarkdownConversion:
     """Convert `source` to Markdown at `destination` in a time- and memory-limited process.
@@ -95,6 +101,8 @@ def convert_to_markdown(
         timeout_seconds: Wall-clock limit; the worker's process group is killed after it.
         memory_limit_mb: Address-space limit of the worker (RLIMIT_AS). Loading markitdown
             alone needs about 300 MB of address space, so lower values fail every conversion.
+        max_output_bytes: `conversion.max_output_bytes`: Markdown longer than this fails
+            the conversion (nothing is saved); None means no cap.
         worker_command: Replaces `WORKER_COMMAND`, for tests. The command gets the worker's
             arguments appended and must follow the protocol in `worker.py`; limits
             other than the wall-clock one are the command's own business.
@@ -116,14 +124,54 @@ def convert_to_markdown(
     if timeout_seconds <= 0 or memory_limit_mb <= 0:
         raise ValueError("timeout_seconds and memory_limit_mb must be positive")
     try:
-        info = source.lstat()  # lstat: a symlink could point the parser at any file on the host
+        # O_NOFOLLOW: a symlink could point the parser at any file on the host.
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ConversionError(f"{name} does not exist") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ConversionError(f"{name} is not a regular file (links are never converted)")
-    if info.st_size == 0:
-        raise ConversionError(f"{name} is empty (0 bytes); there is nothing to convert")
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ConversionError(
+                f"{name} is not a regular file (links are never converted)"
+            ) from None
+        raise ConversionError(f"Could not open {name}: {error.strerror or error}") from None
+    with os.fdopen(fd, "rb") as document:
+        info = os.fstat(document.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ConversionError(f"{name} is not a regular file (links are never converted)")
+        if info.st_size == 0:
+            raise ConversionError(f"{name} is empty (0 bytes); there is nothing to convert")
+        result = _convert_stream(
+            document,
+            name,
+            suffix,
+            destination,
+            timeout_seconds=timeout_seconds,
+            memory_limit_mb=memory_limit_mb,
+            max_output_bytes=max_output_bytes,
+            worker_command=worker_command,
+        )
+    peak_rss_kb = result.get("peak_rss_kb")
+    characters = result.get("characters")
+    return MarkdownConversion(
+        destination=destination,
+        characters=characters if isinstance(characters, int) else None,
+        seconds=float(result.get("seconds") or 0.0),
+        peak_rss_mb=peak_rss_kb / 1024 if isinstance(peak_rss_kb, int) else None,
+    )
 
+
+def _convert_stream(
+    document: BinaryIO,
+    name: str,
+    suffix: str,
+    destination: Path,
+    *,
+    timeout_seconds: float,
+    memory_limit_mb: int,
+    max_output_bytes: int | None,
+    worker_command: Sequence[str] | None,
+) -> dict[str, object]:
+    """Run the worker on an open document and put its Markdown in place; return its report."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(
         prefix="deerflow-convert-", ignore_cleanup_errors=True
@@ -131,35 +179,40 @@ def convert_to_markdown(
         private_dir = Path(private)
         staging = _create_staging(destination, name)
         try:
+            # Only names inside the private folder (the worker's cwd): the bytes come on
+            # stdin, the Markdown is copied out afterwards, so no host path reaches a parser.
             argv = [
                 *(WORKER_COMMAND if worker_command is None else worker_command),
-                str(source.absolute()),  # the worker runs in its private folder
-                str(staging.absolute()),
-                str(private_dir / "result.json"),
+                f"document{suffix}",
+                _OUTPUT_NAME,
+                "result.json",
                 "--memory-limit-mb",
                 str(memory_limit_mb),
                 "--time-limit-seconds",
                 str(timeout_seconds),
+                "--max-output-bytes",
+                str(max_output_bytes or 0),
             ]
-            returncode = _run(argv, private_dir, name, timeout_seconds)
+            returncode = _run(argv, document, private_dir, name, timeout_seconds)
             result = _read_result(private_dir / "result.json")
             if returncode != 0 or result.get("status") != "ok":
                 log_tail = _read_tail(private_dir / "worker.log")
                 raise _failure(
-                    name, suffix, returncode, result, memory_limit_mb, timeout_seconds, log_tail
+                    name,
+                    suffix,
+                    returncode,
+                    result,
+                    memory_limit_mb,
+                    timeout_seconds,
+                    log_tail,
+                    max_output_bytes,
                 )
-            _commit(staging, destination, name)
+            _copy_output(private_dir / _OUTPUT_NAME, staging, name, max_output_bytes)
+            _commit(staging, destination, name, max_output_bytes)
         finally:
             staging.unlink(missing_ok=True)
-
-    peak_rss_kb = result.get("peak_rss_kb")
-    characters = result.get("characters")
-    return MarkdownConversion(
-        destination=destination,
-        characters=characters if isinstance(characters, int) else None,
-        seconds=time.monotonic() - started,
-        peak_rss_mb=peak_rss_kb / 1024 if isinstance(peak_rss_kb, int) else None,
-    )
+    result["seconds"] = time.monotonic() - started
+    return result
 
 
 def _create_staging(destination: Path, name: str) -> Path:
@@ -191,7 +244,9 @@ def _child_env(private_dir: Path) -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], private_dir: Path, name: str, timeout_seconds: float) -> int:
+def _run(
+    argv: list[str], document: BinaryIO, private_dir: Path, name: str, timeout_seconds: float
+) -> int:
     """Run the worker in its own session and return its exit status (negative: signal)."""
     env = _child_env(private_dir)
     try:
@@ -199,7 +254,7 @@ def _run(argv: list[str], private_dir: Path, name: str, timeout_seconds: float) 
             # A file, not a pipe: a chatty worker can never block on a full pipe.
             process = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=document,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=private_dir,
@@ -251,11 +306,35 @@ def _read_tail(path: Path) -> str:
         return ""
 
 
-def _commit(staging: Path, destination: Path, name: str) -> None:
+def _copy_output(output: Path, staging: Path, name: str, max_output_bytes: int | None) -> None:
+    """Copy the worker's Markdown next to the destination, refusing more than the cap."""
+    limit = max_output_bytes or 0
+    try:
+        with output.open("rb") as source, staging.open("wb") as target:
+            copied = 0
+            while chunk := source.read(1024 * 1024):
+                copied += len(chunk)
+                if limit and copied > limit:
+                    raise ConversionError(_too_large(name, output.stat().st_size, limit))
+                target.write(chunk)
+            target.flush()
+            os.fsync(target.fileno())
+    except FileNotFoundError:
+        return  # the worker wrote nothing: `_commit` says there is no text
+    except OSError as error:
+        raise ConversionError(
+            f"Could not save the Markdown for {name}: {error.strerror or error}"
+        ) from error
+
+
+def _commit(staging: Path, destination: Path, name: str, max_output_bytes: int | None) -> None:
     """Put the finished Markdown in place; readers see the old file or the new, never half."""
     try:
-        if staging.stat().st_size == 0:  # a worker that claims success but wrote nothing
+        size = staging.stat().st_size
+        if size == 0:  # a worker that claims success but wrote nothing
             raise ConversionError(f"No text could be extracted from {name}")
+        if max_output_bytes and size > max_output_bytes:  # the worker caps too; trust neither
+            raise ConversionError(_too_large(name, size, max_output_bytes))
         staging.chmod(0o644)
         os.replace(staging, destination)  # replaces a link at destination, never follows it
     except OSError as error:
@@ -272,12 +351,15 @@ def _failure(
     memory_limit_mb: int,
     timeout_seconds: float,
     log_tail: str,
+    max_output_bytes: int | None = None,
 ) -> ConversionError:
     """Turn the worker's report or exit status into an error a user can act on."""
     kind = result.get("kind") if result.get("status") == "error" else None
     if isinstance(kind, str):
         detail = " ".join(str(result.get("detail") or "").split())
         logger.info("conversion of %s failed (%s): %s", name, kind, detail)
+        if kind == "too_large" and detail.isdigit() and max_output_bytes:
+            return ConversionError(_too_large(name, int(detail), max_output_bytes))
         return ConversionError(_message(kind, name, suffix, memory_limit_mb, detail))
     logger.warning(
         "conversion worker for %s exited with status %s; log tail:\n%s",
@@ -308,6 +390,17 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _megabytes(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MB"
+
+
+def _too_large(name: str, size: int, limit: int) -> str:
+    return (
+        f"The Markdown of {name} would be {_megabytes(size)} ({size} bytes), above the limit "
+        f"of {_megabytes(limit)} ({limit} bytes, conversion.max_output_bytes); nothing was saved"
+    )
+
+
 def _message(kind: str, name: str, suffix: str, memory_limit_mb: int, detail: str) -> str:
     """The sentence for one of the worker's error kinds."""
     file_type = f"{_FORMAT_NAMES.get(suffix, 'document')} ({suffix})"
@@ -321,6 +414,12 @@ def _message(kind: str, name: str, suffix: str, memory_limit_mb: int, detail: st
             )
         case "corrupt":
             return f"{name} is corrupt or not a valid {file_type} file"
+        case "mislabelled":
+            what = detail or "something else"
+            return (
+                f"{name} is not a valid {file_type} file: its content is {what}, so its text "
+                "cannot be extracted as a document"
+            )
         case "legacy":
             modern = _MODERN_SUFFIXES.get(suffix, ".docx")
             return (

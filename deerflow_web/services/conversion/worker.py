@@ -5,11 +5,16 @@ huge file can exhaust only this process's time and memory (SPEC D9). `conversion
 starts it and is the only caller:
 
     python -m deerflow_web.services.conversion.worker SOURCE OUTPUT RESULT
-        [--memory-limit-mb N] [--time-limit-seconds S]
+        [--memory-limit-mb N] [--time-limit-seconds S] [--max-output-bytes N] < document
 
 Protocol (a stand-in command used by tests receives the same arguments):
 
-- OUTPUT is a file the parent created; on success it holds the Markdown as UTF-8.
+- The document's bytes arrive on standard input (a regular file the parent opened without
+  following links). SOURCE is only a neutral name such as `document.pdf`, whose suffix is the
+  format the user's file name claims: no host path ever reaches a parser, so none can end up
+  in the Markdown (markitdown's zip converter, for one, writes the path it was given).
+- OUTPUT and RESULT are names in the worker's working directory, a private folder that the
+  parent removes afterwards; on success OUTPUT holds the Markdown as UTF-8.
 - RESULT is where the outcome goes as one small JSON object: `{"status": "ok", "characters": N,
   "peak_rss_kb": N}` or `{"status": "error", "kind": KIND, "detail": TEXT}`, KIND being one of
   `ERROR_KINDS`. The parent turns kinds into sentences; the worker never talks to users.
@@ -21,12 +26,16 @@ Protocol (a stand-in command used by tests receives the same arguments):
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
 import resource
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+from typing import BinaryIO
 
 EXIT_FAILED = 1
 EXIT_OUT_OF_MEMORY = 3
@@ -37,14 +46,23 @@ ERROR_KINDS = (
     "failed",
     "legacy",
     "memory",
+    "mislabelled",
     "password",
     "protected_office",
     "startup",
+    "too_large",
 )
 
 # Compound File Binary signature: legacy .doc/.xls/.ppt, and also encrypted .docx/.xlsx/.pptx.
 _OLE_MAGIC = bytes.fromhex("D0CF11E0A1B11AE1")
 _OOXML_SUFFIXES = frozenset({".docx", ".xlsx", ".pptx"})
+# The part every real package of each Office Open XML type holds.
+_OOXML_MAIN_PART = {
+    ".docx": "word/document.xml",
+    ".xlsx": "xl/workbook.xml",
+    ".pptx": "ppt/presentation.xml",
+}
+_PDF_HEADER_WINDOW = 1024  # readers accept junk before %PDF- within the first kilobyte
 _DETAIL_LIMIT = 300
 _OUT_OF_MEMORY_MARKERS = ("failed to map segment", "cannot allocate memory", "bad_alloc")
 
@@ -64,22 +82,121 @@ def apply_limits(memory_limit_mb: int, time_limit_seconds: float) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
 
 
-def convert(source: Path, output: Path) -> dict[str, object]:
-    """Write `source` as Markdown to `output` and describe the outcome for the parent."""
-    from markitdown import MarkItDown  # heavy import: only after the limits are in place
-    from markitdown import UnsupportedFormatException
+def describe_content(stream: BinaryIO) -> str:
+    """Name what the bytes are, whatever the file is called: `pdf`, `docx`, `xlsx`, `pptx`,
+    `ole` (a Compound File: legacy Office or encrypted OOXML), `zip`, `html`, `text` or
+    `binary`. The stream is left at its start."""
+    stream.seek(0)
+    head = stream.read(8192)
+    stream.seek(0)
+    if b"%PDF-" in head[:_PDF_HEADER_WINDOW]:
+        return "pdf"
+    if head.startswith(_OLE_MAGIC):
+        return "ole"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        try:
+            names = set(zipfile.ZipFile(stream).namelist())
+        except (zipfile.BadZipFile, OSError, ValueError):
+            names = set()
+        finally:
+            stream.seek(0)
+        for suffix, part in _OOXML_MAIN_PART.items():
+            if part in names:
+                return suffix[1:]
+        return "zip"
+    if b"\0" in head:
+        return "binary"
+    lowered = head.lstrip()[:512].lower()
+    if lowered.startswith((b"<!doctype html", b"<html")) or b"<html" in lowered:
+        return "html"
+    return "text"
 
-    try:
-        markdown = MarkItDown().convert_local(str(source)).markdown
-    except UnsupportedFormatException as error:
-        # No converter claimed the content: a real .doc/.ppt, or bytes of no known format.
-        kind = "legacy" if source.suffix.lower() in {".doc", ".ppt"} else "corrupt"
-        return _error(kind, error)
+
+_CONTENT_NAMES = {
+    "pdf": "a PDF document",
+    "docx": "a Word (.docx) document",
+    "xlsx": "an Excel (.xlsx) workbook",
+    "pptx": "a PowerPoint (.pptx) presentation",
+    "ole": "a legacy Office or encrypted file",
+    "zip": "a plain ZIP archive",
+    "html": "HTML text",
+    "text": "plain text",
+    "binary": "binary data of another kind",
+}
+
+
+def pick_converter(suffix: str, content: str) -> str | None:
+    """The one converter for a file: the format its name claims, confirmed by its bytes.
+
+    None means the bytes are not that format. markitdown on its own picks a converter by
+    content and falls back to plain text, which turned a "PDF" of text into a `.md` of its
+    raw bytes; here the name's format is forced, and a mismatch is a failure.
+    """
+    if suffix == ".pdf" and content == "pdf":
+        return "pdf"
+    if suffix in _OOXML_SUFFIXES and content == suffix[1:]:
+        return content
+    if suffix == ".xls" and content == "ole":
+        return "xls"
+    return None
+
+
+def _converter(kind: str) -> Any:
+    from markitdown.converters import DocxConverter
+    from markitdown.converters import PdfConverter
+    from markitdown.converters import PptxConverter
+    from markitdown.converters import XlsConverter
+    from markitdown.converters import XlsxConverter
+
+    classes = {
+        "pdf": PdfConverter,
+        "docx": DocxConverter,
+        "xlsx": XlsxConverter,
+        "pptx": PptxConverter,
+        "xls": XlsConverter,
+    }
+    return classes[kind]()
+
+
+def convert(
+    source: Path, output: Path, stream: BinaryIO | None = None, max_output_bytes: int = 0
+) -> dict[str, object]:
+    """Write the document as Markdown to `output` and describe the outcome for the parent.
+
+    Args:
+        source: The document's name; its suffix is the format the name claims. Read from
+            when `stream` is None (direct calls), never otherwise.
+        output: Where the Markdown goes.
+        stream: The document's bytes (the worker's standard input).
+        max_output_bytes: Refuse Markdown longer than this many UTF-8 bytes (0: no cap).
+    """
+    if stream is None:
+        with source.open("rb") as handle:
+            return convert(source, output, handle, max_output_bytes)
+    suffix = source.suffix.lower()
+    if suffix in {".doc", ".ppt"}:
+        return {"status": "error", "kind": "legacy", "detail": ""}
+    content = describe_content(stream)
+    kind = pick_converter(suffix, content)
+    if kind is None:
+        if content == "ole" and suffix in _OOXML_SUFFIXES:
+            return {"status": "error", "kind": "protected_office", "detail": ""}
+        if content == "binary":  # bytes of no format we can name: damaged, as far as we know
+            return {"status": "error", "kind": "corrupt", "detail": ""}
+        return {"status": "error", "kind": "mislabelled", "detail": _CONTENT_NAMES[content]}
+
+    from markitdown import StreamInfo  # heavy import: only after the limits are in place
+
+    info = StreamInfo(extension=suffix, filename=f"document{suffix}")
+    markdown = _converter(kind).convert(stream, info).markdown
     if not markdown.strip():
         return {"status": "error", "kind": "empty", "detail": ""}
     text = markdown.rstrip() + "\n"
-    with output.open("w", encoding="utf-8", newline="") as handle:
-        handle.write(text)
+    data = text.encode("utf-8")
+    if max_output_bytes and len(data) > max_output_bytes:
+        return {"status": "error", "kind": "too_large", "detail": str(len(data))}
+    with output.open("wb") as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -100,12 +217,11 @@ def classify(error: BaseException, source: Path) -> str:
         # markitdown turns missing optional parsers into MissingDependencyException, so an
         # ImportError here means a parser library could not load, typically for lack of memory.
         return "startup"
-    if source.suffix.lower() in _OOXML_SUFFIXES and _starts_with(source, _OLE_MAGIC):
-        # An encrypted .docx/.xlsx/.pptx is stored as a CFB container, not as a zip.
-        return "protected_office"
-    if type(error).__name__ == "FileConversionException":  # by name: markitdown may not import
-        return "corrupt"
-    return "failed"
+    if type(error).__name__ == "MissingDependencyException":
+        return "startup"
+    # The bytes were checked to be the claimed format, so a parser error means a damaged
+    # file: pdfminer, zipfile, lxml and xlrd all raise their own types.
+    return "corrupt"
 
 
 def _causes(error: BaseException) -> list[BaseException]:
@@ -122,14 +238,6 @@ def _causes(error: BaseException) -> list[BaseException]:
         seen.append(current)
         pending.extend((current.__cause__, current.__context__))
     return seen
-
-
-def _starts_with(path: Path, magic: bytes) -> bool:
-    try:
-        with path.open("rb") as handle:
-            return handle.read(len(magic)) == magic
-    except OSError:
-        return False
 
 
 def _error(kind: str, error: BaseException) -> dict[str, object]:
@@ -149,12 +257,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("result", type=Path)
     parser.add_argument("--memory-limit-mb", type=int, default=0)
     parser.add_argument("--time-limit-seconds", type=float, default=0.0)
+    parser.add_argument("--max-output-bytes", type=int, default=0)
     args = parser.parse_args(argv)
 
     apply_limits(args.memory_limit_mb, args.time_limit_seconds)
     try:
         try:
-            result = convert(args.source, args.output)
+            with open(0, "rb", closefd=False) as stdin:
+                stream = stdin if stdin.seekable() else io.BytesIO(stdin.read())
+                result = convert(args.source, args.output, stream, args.max_output_bytes)
         except Exception as error:  # parser errors arrive wrapped in FileConversionException
             result = _error(classify(error, args.source), error)
         _write_result(args.result, result)

@@ -3,27 +3,41 @@
 Every path the model gives is a virtual path, mapped through `ThreadPaths` (which resolves
 symlinks and `..` and refuses anything outside the thread's user-data). Walks re-check each
 file they meet, because a folder inside may hold a symlink that points out. Everything that
-goes back to the model is neutralised (SPEC 4.1). No LangChain here: the tools wrap it.
+goes back to the model is neutralised (SPEC 4.1). An uploaded document (PDF, Word, Excel,
+PowerPoint) is read as its Markdown text, the text its outline's line numbers refer to
+(SPEC D17, `document_text`). No LangChain and no Flask here: the tools wrap it, and the chat
+preview page calls `run_file_tool` to show exactly what a tool call returns.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
+from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from typing import TypeVar
 
 import regex
 
+from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
+from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.services.prompt.document_text import DocumentNotReadable
+from deerflow_web.services.prompt.document_text import DocumentStillConverting
+from deerflow_web.services.prompt.document_text import DocumentTexts
+from deerflow_web.services.prompt.document_text import is_document_name
+from deerflow_web.services.prompt.document_text import misnamed_document
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
-from deerflow_web.storage.sniff import is_binary_file
+from deerflow_web.storage.sniff import SNIFF_BYTES
+from deerflow_web.storage.sniff import is_binary_head
 
 MAX_READ_LINES = 2000
 MAX_LINE_CHARS = 2000
@@ -34,6 +48,42 @@ MAX_GREP_FILE_BYTES = 20 * 1024 * 1024
 MAX_GREP_TOTAL_BYTES = 200 * 1024 * 1024
 MAX_PATTERN_CHARS = 1000
 GREP_SECONDS = 5.0  # a whole grep call, across files
+Result = TypeVar("Result")
+
+STILL_CONVERTING = (
+    "{path} is still converting to text; call {tool} again in a few seconds to read it."
+)
+NO_CONVERSION = (
+    "{path} is a document; its text is read through conversion, which is not set up here."
+)
+
+
+class FileToolFailure(Exception):
+    """A tool call that failed; the message is what the model reads instead of a result."""
+
+
+def run_file_tool(verb: str, path: str, action: Callable[[], Result]) -> Result:
+    """Run one file action; every failure becomes a `FileToolFailure` with the model's text.
+
+    The LangChain tools and the chat preview's tools panel both call this, so the panel
+    shows, word for word, what a failed call tells the model.
+    """
+    try:
+        return action()
+    except DeerFlowError as error:
+        raise FileToolFailure(str(error)) from error
+    except OSError as error:
+        raise FileToolFailure(f"Cannot {verb} {neutralize(path)}: {error.strerror}") from error
+
+
+def tool_content(result: Any) -> str:
+    """A tool result as the model's tool message holds it (LangChain dumps dicts as JSON)."""
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(result)
 
 
 @dataclass(frozen=True)
@@ -106,6 +156,15 @@ def _matches(compiled: regex.Pattern[str], line: str, deadline: float) -> bool:
         ) from error
 
 
+def _head(path: Path) -> bytes:
+    with path.open("rb") as handle:
+        return handle.read(SNIFF_BYTES)
+
+
+def _is_binary(path: Path) -> bool:
+    return is_binary_head(_head(path))
+
+
 def _clip(line: str) -> str:
     line = line.rstrip("\r\n")
     if len(line) > MAX_LINE_CHARS:
@@ -116,11 +175,58 @@ def _clip(line: str) -> str:
 class UserDataFiles:
     """One thread's /mnt/user-data, read-only and confined."""
 
-    def __init__(self, paths: ThreadPaths, thread_id: str, user_id: str | None = None) -> None:
+    def __init__(
+        self,
+        paths: ThreadPaths,
+        thread_id: str,
+        user_id: str | None = None,
+        documents: DocumentTexts | None = None,
+    ) -> None:
         self._paths = paths
         self._thread_id = thread_id
         self._user_id = user_id
         self._base = paths.user_data_dir(thread_id, user_id).resolve()
+        self._documents = documents
+
+    def _uploaded_document(self, real: Path, shown_path: str) -> bool:
+        """Whether `real` is read through conversion; refuses documents it cannot convert.
+
+        Raises:
+            FileAccessError: A document outside uploads/, under a name that hides its
+                format, or with no conversion set up.
+        """
+        if not is_document_name(real.name):
+            hidden = misnamed_document(real.name, _head(real))
+            if hidden is not None:
+                raise FileAccessError(
+                    f"{shown_path} holds a document ({hidden}) under a name that does not "
+                    "say so; its raw bytes are not readable text. Ask for it to be renamed "
+                    "with its extension, then read it again."
+                )
+            return False
+        if self._documents is None:
+            raise FileAccessError(NO_CONVERSION.format(path=shown_path))
+        uploads = self._documents.uploads_dir.resolve()
+        if real.parent != uploads:
+            raise FileAccessError(
+                f"{shown_path} is a document outside /mnt/user-data/uploads; only uploaded "
+                "documents are converted to text."
+            )
+        return True
+
+    def _document_text(
+        self, real: Path, shown_path: str, tool: str, wait: float | None = None
+    ) -> Path:
+        """The Markdown file to read for an uploaded document; failures become messages."""
+        assert self._documents is not None
+        try:
+            return self._documents.markdown_path(real.name, wait=wait)
+        except DocumentStillConverting as error:
+            raise FileAccessError(STILL_CONVERTING.format(path=shown_path, tool=tool)) from error
+        except DocumentNotReadable as error:
+            raise FileAccessError(f"Cannot read {shown_path}: {neutralize(str(error))}") from error
+        except UploadNotFound as error:
+            raise FileAccessError(f"File not found: {shown_path}") from error
 
     def resolve(self, virtual_path: str) -> Path:
         """Map a virtual path to the host; raises the path errors of SPEC 1.9."""
@@ -189,7 +295,11 @@ class UserDataFiles:
             raise FileAccessError("start_line must be 1 or more.")
         if end_line is not None and end_line < start:
             raise FileAccessError("end_line must not be smaller than start_line.")
-        if is_binary_file(real):
+        label = shown_path
+        if self._uploaded_document(real, shown_path):
+            real = self._document_text(real, shown_path, "read_file")
+            label = f"{shown_path} as Markdown text"
+        elif _is_binary(real):
             raise FileAccessError(
                 f"{shown_path} is a binary file; read_file shows text only. "
                 "A converted document has a Markdown companion (.md) you can read instead."
@@ -205,7 +315,7 @@ class UserDataFiles:
                 f"start_line {start} is past the end of {shown_path} ({total} lines)."
             )
         end = stopped_at
-        header = f"[{shown_path}, lines {start}-{end} of {total}]"
+        header = f"[{label}, lines {start}-{end} of {total}]"
         body = "\n".join(lines)
         if end < total and (end_line is None or end < end_line):
             body += (
@@ -277,28 +387,38 @@ class UserDataFiles:
             compiled = regex.compile(pattern)
         except regex.error as error:
             raise FileAccessError(f"Invalid regular expression: {error}") from error
-        deadline = time.monotonic() + GREP_SECONDS
         limit = min(max(max_results, 1), MAX_GREP_RESULTS)
         name_matcher = compile_glob(file_glob) if file_glob else None
         by_name = file_glob is not None and "/" not in file_glob
         matches: list[dict[str, Any]] = []
+        skipped: list[dict[str, str]] = []
         searched = 0
         budget = MAX_GREP_TOTAL_BYTES
         truncated = False
+        targets = []
         for walked in self._grep_targets(virtual_path):
             if name_matcher is not None:
                 candidate = walked.real_path.name if by_name else walked.relative
                 if not name_matcher.fullmatch(candidate):
                     continue
-            size = walked.real_path.stat().st_size
-            if size > MAX_GREP_FILE_BYTES or is_binary_file(walked.real_path):
+            targets.append(walked)
+        texts = self._grep_texts(targets, skipped)
+        deadline = time.monotonic() + GREP_SECONDS  # after any wait for conversions
+        for walked in targets:
+            text_path = texts.get(walked.virtual_path, walked.real_path)
+            if text_path is None:
+                continue  # a document without text (yet): listed in `skipped`
+            size = text_path.stat().st_size
+            if size > MAX_GREP_FILE_BYTES or (
+                walked.virtual_path not in texts and _is_binary(text_path)
+            ):
                 continue
             if size > budget:
                 truncated = True
                 break
             budget -= size
             searched += 1
-            with walked.real_path.open(encoding="utf-8", errors="replace") as handle:
+            with text_path.open(encoding="utf-8", errors="replace") as handle:
                 for number, raw in enumerate(handle, start=1):
                     line = _clip(raw)
                     if not _matches(compiled, line, deadline):
@@ -320,11 +440,70 @@ class UserDataFiles:
             "matches": matches,
             "files_searched": searched,
         }
+        if skipped:
+            result["skipped"] = skipped
         if truncated:
             result["truncated"] = True
         if not matches:
             result["message"] = "No matches found."
         return result
+
+    def _grep_texts(
+        self, targets: list[WalkedFile], skipped: list[dict[str, str]]
+    ) -> dict[str, Path | None]:
+        """The Markdown to search for each document among `targets` (None: skipped).
+
+        A document is searched through the same text `read_file` returns; its companion is
+        then not searched on its own, or every match would be reported twice. Conversions
+        start together and share one wait budget, so a search over ten new documents waits
+        once, not ten times.
+        """
+        documents: list[WalkedFile] = []
+        for walked in targets:
+            shown = neutralize(walked.virtual_path)
+            try:
+                if self._uploaded_document(walked.real_path, shown):
+                    documents.append(walked)
+            except FileAccessError as error:
+                skipped.append({"path": shown, "reason": str(error)})
+        texts: dict[str, Path | None] = {}
+        if not documents:
+            return self._without_misnamed(targets, skipped, texts)
+        assert self._documents is not None
+        companions = self._documents.companions()
+        for walked in documents:
+            if walked.real_path.name not in companions.values():
+                self._documents.request(walked.real_path.name)
+        deadline = time.monotonic() + self._documents.wait_seconds
+        names = {walked.real_path.name for walked in documents}
+        for walked in documents:
+            shown = neutralize(walked.virtual_path)
+            try:
+                wait = self._documents.deadline_wait(deadline)
+                texts[walked.virtual_path] = self._document_text(
+                    walked.real_path, shown, "grep", wait
+                )
+            except FileAccessError as error:
+                texts[walked.virtual_path] = None
+                skipped.append({"path": shown, "reason": str(error)})
+        uploads = self._documents.uploads_dir.resolve()
+        for walked in targets:
+            original = companions.get(walked.real_path.name)
+            if walked.real_path.parent == uploads and original in names:
+                texts[walked.virtual_path] = None  # searched as its document
+        return self._without_misnamed(targets, skipped, texts)
+
+    @staticmethod
+    def _without_misnamed(
+        targets: list[WalkedFile],
+        skipped: list[dict[str, str]],
+        texts: dict[str, Path | None],
+    ) -> dict[str, Path | None]:
+        refused = {entry["path"] for entry in skipped}
+        for walked in targets:
+            if neutralize(walked.virtual_path) in refused:
+                texts.setdefault(walked.virtual_path, None)
+        return texts
 
     def _grep_targets(self, virtual_path: str) -> Iterator[WalkedFile]:
         real = self.resolve(virtual_path)

@@ -1,0 +1,137 @@
+"""The conversion queue is bounded: a full queue answers 429 with Retry-After, and the
+limits come from `conversion.*` in the config."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deerflow_web.errors import ConversionQueueFull
+from deerflow_web.models import IncomingFile
+from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.uploads.service import make_upload_service
+from deerflow_web.settings import ConversionSettings
+from deerflow_web.settings import load_settings
+from deerflow_web.web import create_app
+from tests.conftest import uploads_dir
+
+
+class BlockingConverter:
+    """Holds every conversion until released, so jobs pile up in the queue."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __call__(self, source: Path, destination: Path, **_: object) -> None:
+        self.release.wait(30)
+        destination.write_text(f"# {source.name}\n", encoding="utf-8")
+
+
+def test_jobs_past_the_bound_are_refused_and_nothing_is_marked(base_dir: Path) -> None:
+    service = make_upload_service(base_dir)
+    names = ["a.pdf", "b.pdf", "c.pdf", "d.pdf"]
+    service.save_uploads(
+        "T", [IncomingFile(n, io.BytesIO(b"%PDF-1.4 " + n.encode())) for n in names]
+    )
+    blocker = BlockingConverter()
+    jobs = ConversionJobs(
+        service, ConversionSettings(workers=1, max_queued=2, wait_seconds=0.01), converter=blocker
+    )
+    try:
+        jobs.convert("T", "a.pdf", wait=0.2)  # running
+        jobs.convert("T", "b.pdf", wait=0)  # queued
+        jobs.convert("T", "c.pdf", wait=0)  # queued: the queue is full now
+        assert jobs.queued == 2
+        with pytest.raises(ConversionQueueFull) as caught:
+            jobs.convert("T", "d.pdf", wait=0)
+        assert caught.value.retry_after > 0
+        assert "queue is full (2 waiting)" in str(caught.value)
+        record = service.get_upload("T", "d.pdf")
+        assert record.conversion_state is None  # the refused job left no trace
+        jobs.convert("T", "b.pdf", wait=0)  # asking again for a queued file takes no slot
+    finally:
+        blocker.release.set()
+    assert jobs.convert("T", "c.pdf", wait=10).finished
+    assert jobs.convert("T", "d.pdf", wait=10).companion is not None  # room again
+
+
+def _app(base_dir: Path, tmp_path: Path, config: dict[str, Any]) -> Any:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return create_app(
+        {
+            "TESTING": True,
+            "BASE_DIR": str(base_dir),
+            "WTF_CSRF_ENABLED": False,
+            "CONFIG_PATH": str(path),
+        }
+    )
+
+
+def test_full_queue_answers_429_with_retry_after_and_a_flash(
+    base_dir: Path, tmp_path: Path
+) -> None:
+    app = _app(
+        base_dir,
+        tmp_path,
+        {
+            "uploads": {"conversion_workers": 1, "conversion_wait_seconds": 0.05},
+            "conversion": {"max_queued": 1},
+        },
+    )
+    jobs = app.extensions["deerflow_web"].conversions
+    blocker = BlockingConverter()
+    jobs.converter = blocker
+    client = app.test_client()
+    files = [(io.BytesIO(b"%PDF-1.4 x" + bytes([i])), f"{n}.pdf") for i, n in enumerate("abc")]
+    assert client.post("/api/threads/T/uploads", data={"files": files}).status_code == 200
+    try:
+        assert client.post("/api/threads/T/uploads/a.pdf/convert").status_code == 202
+        assert client.post("/api/threads/T/uploads/b.pdf/convert").status_code == 202
+
+        response = client.post("/api/threads/T/uploads/c.pdf/convert")
+        assert response.status_code == 429
+        assert int(response.headers["Retry-After"]) > 0
+        assert "conversion queue is full" in response.get_json()["detail"]
+
+        page = client.post("/threads/T/convert", data={"filename": "c.pdf"}, follow_redirects=True)
+        assert page.status_code == 200
+        assert "conversion queue is full" in page.get_data(as_text=True)
+    finally:
+        blocker.release.set()
+    assert not (uploads_dir(base_dir, "T") / "c.md").exists()
+
+
+def test_limits_are_read_from_the_conversion_section(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "uploads": {"max_file_size": 1000},
+                "conversion": {"max_output_bytes": 5000, "max_queued": 3},
+                "agent": {"read_conversion_wait_seconds": 7},
+            }
+        ),
+        encoding="utf-8",
+    )
+    settings = load_settings(tmp_path / "data", config_path=path)
+    assert settings.conversion.max_output_bytes == 5000
+    assert settings.conversion.max_queued == 3
+    assert settings.agent.read_conversion_wait_seconds == 7
+
+
+def test_output_cap_defaults_to_the_upload_size_limit(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump({"uploads": {"max_file_size": 1234}, "conversion": {"max_queued": "x"}}),
+        encoding="utf-8",
+    )
+    settings = load_settings(tmp_path / "data", config_path=path)
+    assert settings.conversion.max_output_bytes == 1234
+    assert settings.conversion.max_queued == ConversionSettings().max_queued  # bad: default
+    assert settings.agent.read_conversion_wait_seconds == 20
