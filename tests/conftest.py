@@ -13,15 +13,21 @@ from typing import TypeVar
 import pytest
 import yaml
 from flask import Flask
+from flask import request_finished
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from deerflow_web.web import create_app
-from deerflow_web.web.api_docs import build_document
-from deerflow_web.web.wiring import get_services
-from tests.openapi_check import check_responses
+from tests.openapi_check import check_response
 
 T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _responses_fit_the_api_description() -> Iterator[None]:
+    """Every API response any test receives must fit the OpenAPI document its app serves."""
+    with request_finished.connected_to(check_response):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -57,10 +63,7 @@ def make_app(base_dir: Path, tmp_path: Path) -> Iterator[Any]:
             path.write_text(yaml.safe_dump({"uploads": uploads}), encoding="utf-8")
             config["CONFIG_PATH"] = str(path)
         config.update(overrides)
-        app = create_app(config)
-        with app.app_context():  # every API answer must fit the document this app serves
-            check_responses(app, build_document(get_services().settings))
-        return app
+        return create_app(config)
 
     yield factory
 

@@ -1,10 +1,9 @@
 """Holds every response the test suite receives to the OpenAPI document.
 
-`conftest.make_app` installs `check_responses(app)`: after each request that matched a route,
-the response must be one the document lists for that route, method and status, with a
-documented content type, the documented required headers, and (for JSON) a body valid
-against the documented schema. A mismatch raises `AssertionError` inside the request, so the
-test that made it fails and names the route.
+`conftest.py` connects `check_response` to Flask's `request_finished` signal for the whole
+run: after each request that matched an API route, the response must be one the document
+lists for that route, method and status, with a documented content type, the documented
+required headers, and (for JSON) a body valid against the documented schema.
 
 The operation is found through the rule Flask matched (`request.url_rule`), not by matching
 the URL against path templates again: `{virtual_path}` may hold slashes, which OpenAPI
@@ -14,6 +13,7 @@ templates cannot express but Werkzeug's `path` converter does.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +24,9 @@ from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing import Resource
 from referencing.jsonschema import DRAFT202012
+
+from deerflow_web.web.api_docs import build_document
+from deerflow_web.web.wiring import get_services
 
 DOCUMENT_URI = "urn:deerflow-web:openapi"
 _CONVERTER = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
@@ -113,25 +116,24 @@ class ResponseChecker:
         return found
 
 
-def check_responses(app: Flask, document: Mapping[str, Any]) -> ResponseChecker:
-    """Make every response of `app` that matched a route fit `document` (see module doc)."""
-    checker = ResponseChecker(document)
-    documented = {openapi_path(path) for path in document["paths"]}
+_checkers: weakref.WeakKeyDictionary[Flask, ResponseChecker] = weakref.WeakKeyDictionary()
 
-    def _check(response: Response) -> Response:
-        rule = request.url_rule
-        if rule is None:  # routing 404/405: no operation to hold it to
-            return response
-        if openapi_path(rule.rule) not in documented and not _in_scope(rule.rule):
-            return response  # pages and static files are not part of the API
-        found = checker.problems(rule.rule, request.method, response)
-        assert not found, "response does not match openapi.yaml:\n" + "\n".join(found)
-        return response
 
-    # Flask runs the app's after_request functions last-registered first: put this one
-    # first, so it sees the response after every other hook has added its headers.
-    app.after_request_funcs.setdefault(None, []).insert(0, _check)
-    return checker
+def check_response(sender: Flask, response: Response, **extra: Any) -> None:
+    """A `request_finished` receiver: the response must fit the document `sender` serves.
+
+    Flask sends `request_finished` after every after_request hook has run, for every app
+    the tests build (through `make_app` or `create_app` itself); a mismatch raises inside
+    the request, so the test that made it fails and names the route.
+    """
+    rule = request.url_rule
+    if rule is None or not _in_scope(rule.rule):  # routing 404/405; pages; static files
+        return
+    checker = _checkers.get(sender)
+    if checker is None:
+        checker = _checkers[sender] = ResponseChecker(build_document(get_services().settings))
+    found = checker.problems(rule.rule, request.method, response)
+    assert not found, "response does not match openapi.yaml:\n" + "\n".join(found)
 
 
 def _in_scope(rule: str) -> bool:

@@ -241,3 +241,16 @@ def test_as_written_the_document_describes_accounts_on() -> None:
             if method in ("post", "put", "patch", "delete") and not public:
                 schemes_used = [set(req) for req in operation.get("security", [])]
                 assert {"sessionCookie", "csrfToken"} in schemes_used, (method, path)
+
+
+def test_every_app_in_the_suite_is_held_to_the_document(make_app) -> None:
+    app = make_app()
+
+    @app.after_request
+    def _drift(response: Response) -> Response:  # the kind of change the document must catch
+        response.status_code = 418
+        return response
+
+    with pytest.raises(AssertionError, match="answered 418, which is not documented"):
+        app.test_client().get("/api/threads/t/uploads/limits")
+    assert app.test_client().get("/").status_code == 418  # pages are not the API's business
