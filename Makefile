@@ -25,10 +25,11 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 
 # gthread workers read request bodies in large pieces (gunicorn's sync worker halves upload
 # throughput); several workers may share one data dir, which the records database allows.
+# The bound address joins the hosts the app answers for (server.allowed_hosts).
 run: $(VENV)/.runtime
-	$(BIN)/gunicorn --worker-class gthread --workers $(WORKERS) --threads $(THREADS) \
-		--bind $(HOST):$(PORT) --timeout 600 --graceful-timeout 30 --no-control-socket \
-		--access-logfile - app:app
+	DEER_FLOW_BIND_HOST=$(HOST) $(BIN)/gunicorn --worker-class gthread \
+		--workers $(WORKERS) --threads $(THREADS) --bind $(HOST):$(PORT) \
+		--timeout 600 --graceful-timeout 30 --no-control-socket --access-logfile - app:app
 
 # Debian's Chromium for the browser tests; Playwright drives it, no browser is downloaded.
 browser:

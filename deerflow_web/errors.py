@@ -16,7 +16,7 @@ class ConfigError(DeerFlowError):
 
 
 class InvalidInput(DeerFlowError, ValueError):
-    """A request input that fails validation; `location` names it as (where, name)."""
+    """A request input that fails validation; `location` names it as (where, name...)."""
 
     kind = "value_error"
 

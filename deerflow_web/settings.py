@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 _FLAG_LETTERS = {"t": True, "y": True, "f": False, "n": False}
+# The names a browser on this machine uses for a server bound to loopback.
+DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+BIND_HOST_ENV = "DEER_FLOW_BIND_HOST"  # set by `make run` to the address it binds
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Settings:
     conversion: ConversionSettings = field(default_factory=ConversionSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     config_path: Path | None = None
 
 
@@ -141,6 +146,36 @@ def agent_from_mapping(agent: Mapping[str, Any]) -> AgentSettings:
     )
 
 
+def _string_list(value: Any) -> tuple[str, ...]:
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(item) for item in value)
+
+
+def normalize_host(host: str) -> str:
+    """`LOCALHOST` → `localhost`, `::1` → `[::1]`: the form a Host header carries."""
+    host = host.strip().lower()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # a bare IPv6 address
+    return host
+
+
+def allowed_hosts_from(server: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str, ...]:
+    """`server.allowed_hosts` (else the loopback names) plus the address `make run` binds.
+
+    A wildcard bind (0.0.0.0) names no host, so serving other machines needs the list.
+    """
+    hosts = [normalize_host(h) for h in _string_list(server.get("allowed_hosts"))]
+    if not hosts:
+        hosts = list(DEFAULT_ALLOWED_HOSTS)
+    bind = normalize_host(environ.get(BIND_HOST_ENV, ""))
+    if bind not in WILDCARD_HOSTS and bind not in hosts:
+        hosts.append(bind)
+    return tuple(hosts)
+
+
 def find_config_file(
     environ: Mapping[str, str], cwd: Path, explicit: str | os.PathLike[str] | None = None
 ) -> Path | None:
@@ -204,9 +239,7 @@ def load_settings(
     config = read_config_file(path, env) if path is not None else {}
     uploads = _section(config, "uploads")
     server = _section(config, "server")
-    origins = server.get("allowed_origins") or ()
-    if isinstance(origins, str):
-        origins = (origins,)
+    origins = _string_list(server.get("allowed_origins"))
     limits = UploadLimits.from_mapping(uploads)
     return Settings(
         base_dir=resolve_base_dir(base_dir or config.get("base_dir"), env),
@@ -215,6 +248,7 @@ def load_settings(
             uploads, _section(config, "conversion"), max_file_size=limits.max_file_size
         ),
         agent=agent_from_mapping(_section(config, "agent")),
-        allowed_origins=tuple(str(o).rstrip("/") for o in origins),
+        allowed_origins=tuple(o.strip().rstrip("/").lower() for o in origins),
+        allowed_hosts=allowed_hosts_from(server, env),
         config_path=path,
     )

@@ -164,7 +164,9 @@ def start_server(base_dir: Path, port: int, config: Path | None = None) -> subpr
 
 def http(port: int, method: str, path: str) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+        )
         return b"".join(iter(lambda: sock.recv(65536), b""))
 
 
@@ -176,7 +178,7 @@ def test_server_killed_mid_upload(base_dir: Path) -> None:
         head = b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="big.bin"\r\n\r\n'
         sock = socket.create_connection(("127.0.0.1", port))
         sock.sendall(
-            b"POST /api/threads/T/uploads HTTP/1.1\r\nHost: x\r\n"
+            b"POST /api/threads/T/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: multipart/form-data; boundary=XYZ\r\n"
             b"Content-Length: 100000000\r\n\r\n" + head + b"y" * 3_000_000
         )
@@ -227,7 +229,7 @@ def upload_request(name: str, data: bytes, chunked: bool = False) -> bytes:
         + b"\r\n--XYZ--\r\n"
     )
     head = (
-        "POST /api/threads/T/uploads HTTP/1.1\r\nHost: x\r\n"
+        "POST /api/threads/T/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         "Content-Type: multipart/form-data; boundary=XYZ\r\n"
     )
     if not chunked:
@@ -237,7 +239,7 @@ def upload_request(name: str, data: bytes, chunked: bool = False) -> bytes:
     return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + encoded + b"0\r\n\r\n"
 
 
-LIST_REQUEST = b"GET /api/threads/T/uploads/list HTTP/1.1\r\nHost: x\r\n\r\n"
+LIST_REQUEST = b"GET /api/threads/T/uploads/list HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
 def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> None:

@@ -59,19 +59,123 @@ def test_bad_download_flag_is_422(client, base_dir: Path) -> None:
     assert response.get_json()["detail"][0]["loc"] == ["query", "download"]
 
 
-@pytest.mark.parametrize("name", ["poc.html", "page.xhtml", "image.svg", "x.htm"])
-def test_active_content_is_always_an_attachment(client, base_dir: Path, name: str) -> None:
-    put(base_dir, f"outputs/{name}", b"<script>alert(1)</script>")
-    for query in ("", "?download=false"):
-        response, _ = get(client, f"{URL}/outputs/{name}{query}")
-        assert response.headers["Content-Disposition"].startswith("attachment;")
+MARKUP = b'<r xmlns:x="http://www.w3.org/1999/xhtml"><x:script>alert(1)</x:script></r>'
+PNG_HEAD = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
 
 
-def test_binary_inline_with_its_type(client, base_dir: Path) -> None:
-    put(base_dir, "outputs/clip.mp3", b"ID3\x00\x00binary")
-    response, _ = get(client, f"{URL}/outputs/clip.mp3")
-    assert response.headers["Content-Type"] == "audio/mpeg"
-    assert response.headers["Content-Disposition"].startswith("inline;")
+@pytest.mark.parametrize(
+    ("name", "data", "kind", "content_type"),
+    [
+        # passive kinds, inline with their own type
+        ("pixel.png", PNG_HEAD, "inline", "image/png"),
+        ("photo.jpg", b"\xff\xd8\xff\xe0\x00", "inline", "image/jpeg"),
+        ("doc.pdf", b"%PDF-1.4\n\x00", "inline", "application/pdf"),
+        ("clip.mp3", b"ID3\x00\x00binary", "inline", "audio/mpeg"),
+        ("film.mp4", b"\x00\x00\x00\x18ftypmp42", "inline", "video/mp4"),
+        # text of every kind, inline only as text/plain
+        ("note.txt", b"words", "inline", "text/plain"),
+        ("data.json", b'{"a": 1}', "inline", "text/plain"),
+        ("table.csv", b"a,b\n1,2\n", "inline", "text/plain"),
+        ("script.js", b"alert(1)", "inline", "text/plain"),
+        ("style.css", b"body{}", "inline", "text/plain"),
+        ("page.html.txt", b"<script>alert(1)</script>", "inline", "text/plain"),
+        ("README", b"<html><script>alert(1)</script>", "inline", "text/plain"),
+        # markup of every kind: never inline
+        ("poc.html", b"<script>alert(1)</script>", "attachment", "text/html"),
+        ("x.htm", b"<script>alert(1)</script>", "attachment", "text/html"),
+        ("page.xhtml", MARKUP, "attachment", "application/xhtml+xml"),
+        ("page.xht", MARKUP, "attachment", "application/xhtml+xml"),
+        ("image.svg", MARKUP, "attachment", "image/svg+xml"),
+        ("p.xml", MARKUP, "attachment", "application/xml"),
+        ("style.xsl", MARKUP, "attachment", "application/xslt+xml"),
+        ("feed.rss", MARKUP, "attachment", "application/x-rss+xml"),
+        ("feed.atom", MARKUP, "attachment", "application/atom+xml"),
+        ("formula.mml", MARKUP, "attachment", "application/mathml+xml"),
+        ("page.mht", MARKUP, "attachment", "message/rfc822"),
+        # binary of unknown kind: a download
+        ("blob.bin", b"\x00\x01\x02", "attachment", "application/octet-stream"),
+        ("archive.zip", b"PK\x03\x04\x00", "attachment", "application/zip"),
+    ],
+)
+def test_only_passive_kinds_are_inline(
+    client, base_dir: Path, name: str, data: bytes, kind: str, content_type: str
+) -> None:
+    for area in ("uploads", "outputs", "workspace"):
+        put(base_dir, f"{area}/{name}", data)
+        for query in ("", "?download=false"):
+            response, body = get(client, f"{URL}/{area}/{name}{query}")
+            assert response.status_code == 200 and body == data
+            assert response.headers["Content-Disposition"].startswith(f"{kind};"), name
+            assert response.mimetype == content_type
+            if content_type == "text/plain":
+                assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+            policy = response.headers["Content-Security-Policy"]
+            assert "default-src 'none'" in policy and "sandbox" in policy
+            assert "script-src" not in policy and "allow-scripts" not in policy
+
+
+def test_download_keeps_the_files_own_type(client, base_dir: Path) -> None:
+    put(base_dir, "outputs/data.json", b'{"a": 1}')
+    response, _ = get(client, f"{URL}/outputs/data.json?download=true")
+    assert response.headers["Content-Disposition"] == "attachment; filename*=UTF-8''data.json"
+    assert response.headers["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "policy"),
+    [
+        (
+            "pixel.png",
+            PNG_HEAD,
+            "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'; "
+            "img-src 'self'; style-src 'unsafe-inline'; sandbox",
+        ),
+        (
+            "doc.pdf",
+            b"%PDF-1.4\n\x00",
+            "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'; "
+            "sandbox",
+        ),
+        (
+            "clip.mp3",
+            b"ID3\x00",
+            "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'; "
+            "media-src 'self'; style-src 'unsafe-inline'; sandbox allow-same-origin",
+        ),
+        (
+            "note.txt",
+            b"x",
+            "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'; "
+            "style-src 'unsafe-inline'; sandbox",
+        ),
+        (
+            "poc.html",
+            b"<script>",
+            "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'; "
+            "sandbox",
+        ),
+    ],
+)
+def test_policy_per_kind(client, base_dir: Path, name: str, data: bytes, policy: str) -> None:
+    put(base_dir, f"outputs/{name}", data)
+    response, _ = get(client, f"{URL}/outputs/{name}")
+    assert response.headers["Content-Security-Policy"] == policy
+
+
+def test_errors_and_ranges_carry_the_policy_too(client, base_dir: Path) -> None:
+    put(base_dir, "outputs/a.txt", b"abcdef")
+    for url, headers, status in (
+        (f"{URL}/outputs/missing.txt", {}, 404),
+        (f"{URL}/outputs/a.txt", {"Range": "bytes=0-1"}, 206),
+        (f"{URL}/outputs/a.txt", {"Range": "bytes=9-"}, 416),
+        (f"{URL}/outputs/a.txt", {"Range": "items=0-1"}, 400),
+    ):
+        response, _ = get(client, url, headers=headers)
+        assert response.status_code == status
+        policy = response.headers["Content-Security-Policy"]
+        assert policy.startswith("default-src 'none'") and "sandbox" in policy
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
 def test_single_ranges(client, base_dir: Path) -> None:
@@ -132,8 +236,8 @@ def test_text_detection(client, base_dir: Path) -> None:
     put(base_dir, "workspace/data.json", b'{"a": 1}')
     response, _ = get(client, f"{URL}/workspace/README")
     assert response.headers["Content-Type"].startswith("text/plain")
-    response, _ = get(client, f"{URL}/workspace/data.json")
-    assert response.headers["Content-Type"].startswith("application/json")
+    response, _ = get(client, f"{URL}/workspace/data.json")  # issue 9: text only as text/plain
+    assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
     assert response.headers["Content-Disposition"].startswith("inline;")
 
 

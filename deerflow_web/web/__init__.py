@@ -9,6 +9,7 @@ from typing import Any
 from flask import Flask
 
 from deerflow_web.settings import load_settings
+from deerflow_web.web.json_provider import AppRequest
 from deerflow_web.web.json_provider import OrjsonProvider
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # templates/ and static/ live at the root
@@ -26,6 +27,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web.errors import register_error_handlers
     from deerflow_web.web.extensions import csrf
     from deerflow_web.web.security import add_security_headers
+    from deerflow_web.web.security import refuse_unknown_host
 
     overrides = dict(test_config or {})
     settings = load_settings(overrides.get("BASE_DIR"), config_path=overrides.get("CONFIG_PATH"))
@@ -38,6 +40,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # `//` in a URL matches nothing rather than redirecting: an empty id or name is a 404,
     # as on DeerFlow's gateway, and never a 308 to some other route.
     app.url_map.merge_slashes = False
+    app.request_class = AppRequest
     app.config.update(
         SECRET_KEY=wiring.persistent_secret_key(settings.base_dir),
         MAX_FORM_MEMORY_SIZE=64 * 1024,
@@ -45,6 +48,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         MAX_CONTENT_LENGTH=settings.limits.max_total_size + 16 * 1024 * 1024,
     )
     app.config.update(overrides)
+    # First of all hooks: no route, form check or page runs for a host we do not serve.
+    app.before_request(lambda: refuse_unknown_host(settings.allowed_hosts))
 
     csrf.init_app(app)
     i18n.init_app(app, PROJECT_ROOT / "translations")

@@ -20,6 +20,7 @@ from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.uploads import receive_uploads
 from deerflow_web.web.wiring import current_user_id
@@ -46,7 +47,8 @@ bp.record_once(lambda state: state.app.url_map.converters.setdefault("vpath", Vi
 @bp.before_request
 def check_origin() -> None:
     """Refuse state-changing browser requests from other sites (see web/security.py)."""
-    refuse_cross_site(get_services().settings.allowed_origins)
+    settings = get_services().settings
+    refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
 
 
 def _query_bool(name: str) -> bool:
@@ -118,9 +120,10 @@ def delete_upload(thread_id: str, filename: str) -> ResponseReturnValue:
 def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
     """Rename one upload; `new_name` and `on_conflict` come as a JSON object or form fields."""
     validate_thread_id(thread_id)
-    body = request.get_json(silent=True) if request.is_json else request.form
+    # JSON when the client says so (a malformed body is 400), else form fields
+    body = request.get_json() if request.is_json else request.form
     if not isinstance(body, Mapping):
-        raise InvalidInput("Input should be a valid dictionary", ("body",), body)
+        raise InvalidInput("Input should be a valid dictionary", ("body",), None)
     new_name = body.get("new_name")
     if not isinstance(new_name, str) or not new_name:
         raise InvalidInput("Field required", ("body", "new_name"))
@@ -163,7 +166,7 @@ def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
 
 @bp.get("/threads/<thread_id>/artifacts/<vpath:virtual_path>")
 def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
-    """Send one file of the thread's user-data folder; active content only as a download."""
+    """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
     validate_thread_id(thread_id)
     download = _query_bool("download")
     artifact = resolve_artifact(
@@ -174,7 +177,7 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     attachment = artifact.as_attachment(download)
     response = send_file(
         artifact.path,
-        mimetype=artifact.content_type,
+        mimetype=artifact.response_type(attachment),
         conditional=True,
         as_attachment=attachment,
         download_name=quote(artifact.name, safe=""),  # replaced below; a name may hold CR or LF
@@ -183,5 +186,8 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     kind = "attachment" if attachment else "inline"
     response.headers["Content-Disposition"] = (
         f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"
+    )
+    response.headers["Content-Security-Policy"] = artifact_csp(
+        None if attachment else artifact.presentation
     )
     return response

@@ -8,7 +8,6 @@ attachment list is not validated against the thread's files here.
 from __future__ import annotations
 
 from flask_babel import lazy_gettext as _l
-from flask_wtf import FlaskForm
 from flask_wtf.file import FileRequired
 from flask_wtf.file import MultipleFileField
 from wtforms import IntegerField
@@ -19,6 +18,8 @@ from wtforms import TextAreaField
 from wtforms.validators import Length
 from wtforms.validators import NumberRange
 from wtforms.validators import Optional
+
+from deerflow_web.web.forms import PageForm
 
 # Form fields are read into memory (MAX_FORM_MEMORY_SIZE is 64 KiB); a Chinese character
 # takes 3 bytes in UTF-8, so this stays well inside the limit.
@@ -33,7 +34,7 @@ def mode_choices() -> list[tuple[str, object]]:
     ]
 
 
-class ChatPreviewForm(FlaskForm):
+class ChatPreviewForm(PageForm):
     """A message, the files attached to it and the injection mode."""
 
     message = TextAreaField(
@@ -44,7 +45,7 @@ class ChatPreviewForm(FlaskForm):
     mode = SelectField(_l("Injection mode"), choices=mode_choices, default="current")
 
 
-class ChatUploadForm(FlaskForm):
+class ChatUploadForm(PageForm):
     """New files for the thread, attached to the next message once stored.
 
     Only rendered: the post is read as a stream by `save_form_files`.
@@ -58,7 +59,7 @@ def tool_choices() -> list[tuple[str, object]]:
     return [("read_file", "read_file"), ("grep", "grep")]
 
 
-class ToolPreviewForm(FlaskForm):
+class ToolPreviewForm(PageForm):
     """A `read_file` or `grep` call to run as the agent would.
 
     The path and pattern are not judged here: what the tool answers to a bad one is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
@@ -9,6 +10,7 @@ from flask import Flask
 from flask import render_template
 from flask import request
 from flask.typing import ResponseReturnValue
+from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
@@ -66,6 +68,30 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
 }
 
 
+NAME_TOO_LONG = "Name too long: a file or folder name is at most 255 bytes"
+NUL_IN_NAME = "Names and paths may not contain a NUL byte"
+MALFORMED_BODY = "Malformed request body: the chunked transfer encoding is broken"
+
+
+def client_fault(error: BaseException) -> str | None:
+    """The message for a failure the request's own bytes caused, wherever it surfaced.
+
+    A name the file system refuses (over 255 bytes, a NUL byte) or a broken chunked body
+    is the client's doing, whichever route, service or wrapping error it reached: the
+    whole chain of causes is searched, so no route needs its own check.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENAMETOOLONG:
+            return NAME_TOO_LONG
+        if isinstance(seen, ValueError) and "null" in str(seen) and "embedded" in str(seen):
+            return NUL_IN_NAME  # os and pathlib: "embedded null byte/character"
+        if isinstance(seen, ParseException):
+            return MALFORMED_BODY  # gunicorn reading a body: bad chunk size, missing CRLF
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def status_for(error: DeerFlowError) -> int:
     """The status of the most specific class in the table (500 if none matches)."""
     for cls in type(error).__mro__:
@@ -88,6 +114,8 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(DeerFlowError)
     def handle_domain_error(error: DeerFlowError) -> ResponseReturnValue:
         status = status_for(error)
+        if status >= 500 and (fault := client_fault(error)) is not None:
+            return render_error(400, fault)
         if status >= 500:
             logger.error("request failed: %s", error, exc_info=error)
         if isinstance(error, InvalidInput) and _wants_json():
@@ -108,6 +136,8 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def handle_unexpected(error: Exception) -> ResponseReturnValue:
+        if (fault := client_fault(error)) is not None:
+            return render_error(400, fault)
         logger.exception("unhandled error")
         return render_error(500, "Internal server error")
 

@@ -7,6 +7,7 @@ the API refuses.
 
 from __future__ import annotations
 
+from flask import request
 from flask_babel import lazy_gettext as _l
 from flask_wtf import FlaskForm
 from flask_wtf.file import FileRequired
@@ -39,7 +40,22 @@ def rename_conflict_choices() -> list[tuple[str, object]]:
     ]
 
 
-class UploadForm(FlaskForm):
+class PageForm(FlaskForm):
+    """A form of the pages: it reads HTML form posts only.
+
+    Flask-WTF also reads a JSON body as form data, and fails with a TypeError (a 500)
+    when that body is not an object; no page posts JSON, so such a body is ignored and
+    the form simply fails to validate.
+    """
+
+    class Meta(FlaskForm.Meta):
+        def wrap_formdata(self, form: FlaskForm, formdata: object) -> object:
+            if request and request.is_json and not request.form and not request.files:
+                formdata = request.form  # empty: JSON never stands in for a form post
+            return super().wrap_formdata(form, formdata)
+
+
+class UploadForm(PageForm):
     """Several files at once, and what to do when a name is taken.
 
     Only rendered: the post is read as a stream by `save_form_files`, which checks the
@@ -54,7 +70,7 @@ class UploadForm(FlaskForm):
     )
 
 
-class DeleteForm(FlaskForm):
+class DeleteForm(PageForm):
     """The names to delete (repeated `filenames` fields, as checkboxes send them).
 
     `confirmed` is set only by the confirmation step, so a bare post shows the names and
@@ -65,7 +81,7 @@ class DeleteForm(FlaskForm):
     confirmed = HiddenField()
 
 
-class RenameForm(FlaskForm):
+class RenameForm(PageForm):
     """One file's new name."""
 
     filename = HiddenField(validators=[InputRequired()])
@@ -77,11 +93,11 @@ class RenameForm(FlaskForm):
     )
 
 
-class ConvertForm(FlaskForm):
+class ConvertForm(PageForm):
     """The document to convert (the Convert button's form when JavaScript is off)."""
 
     filename = HiddenField(validators=[DataRequired()])
 
 
-class CsrfOnlyForm(FlaskForm):
+class CsrfOnlyForm(PageForm):
     """A button that changes state (New thread) still needs a CSRF token."""

@@ -28,13 +28,13 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import OnConflict
+from deerflow_web.services.files.artifacts import Presentation
 from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.files.browse import BROWSABLE_AREAS
 from deerflow_web.services.files.browse import list_area
 from deerflow_web.services.files.list_query import ListQuery
 from deerflow_web.services.files.listing import SortKey
 from deerflow_web.services.files.listing import build_listing
-from deerflow_web.services.files.preview import BROWSER_IMAGE_TYPES
 from deerflow_web.services.files.preview import PREVIEW_BYTES
 from deerflow_web.services.files.preview import build_preview
 from deerflow_web.services.prompt.outline import upload_outline
@@ -276,7 +276,7 @@ def _image_url(thread_id: str, user_data_path: str) -> str | None:
         )
     except DeerFlowError:
         return None
-    if artifact.content_type not in BROWSER_IMAGE_TYPES:
+    if artifact.presentation is not Presentation.IMAGE:
         return None
     return helpers.artifact_href(thread_id, user_data_path)
 

@@ -1,20 +1,31 @@
-"""Cross-site protections that apply to whole blueprints.
+"""Cross-site protections that apply to the whole app or whole blueprints.
+
+The app answers only for the hosts it serves (`server.allowed_hosts`): a page on another
+site that rebinds its own name to this server's address sends its own name as `Host`, and
+gets 400 for every request, before any route runs (DNS rebinding).
 
 The JSON API takes no CSRF token: DeerFlow's frontend, curl and scripts call it without a
 session. A browser, though, announces where a request comes from, so a state-changing API
-request is refused when its `Sec-Fetch-Site` says `cross-site` or its `Origin` is not this
-app's own (or one listed in `server.allowed_origins`). Requests without those headers
-(curl, scripts) carry no ambient browser credentials and pass.
+request is refused when its `Sec-Fetch-Site` says `cross-site` or its `Origin` is not one
+of the configured origins: the allowed hosts with the scheme and port as served, and
+`server.allowed_origins`. It is never compared with a URL built from the request's own
+`Host`, which the client chooses. Requests without those headers (curl, scripts) carry no
+ambient browser credentials and pass.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from flask import Response
 from flask import request
+from werkzeug.exceptions import BadRequest
 from werkzeug.exceptions import Forbidden
 
+from deerflow_web.services.files.artifacts import Presentation
+
+API_DOCS_PAGE = "api_docs.api_docs"  # the one page under /api/ (Swagger UI)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 PAGE_CSP = "; ".join(
@@ -33,13 +44,90 @@ PAGE_CSP = "; ".join(
 )
 
 
+# Every artifact response is a sandboxed document that may load nothing: should a browser
+# ever render a thread's file as a page, it runs no script, has no origin and sends nothing.
+ARTIFACT_BASE_CSP = (
+    "default-src 'none'",
+    "base-uri 'none'",
+    "form-action 'none'",
+    "frame-ancestors 'self'",  # the preview page frames PDFs
+)
+# What the browser's own viewer for each inline kind needs (its UA styles, the file itself).
+ARTIFACT_VIEWER_CSP = {
+    Presentation.IMAGE: ("img-src 'self'", "style-src 'unsafe-inline'"),
+    Presentation.TEXT: ("style-src 'unsafe-inline'",),
+    Presentation.AUDIO: ("media-src 'self'", "style-src 'unsafe-inline'"),
+    Presentation.VIDEO: ("media-src 'self'", "style-src 'unsafe-inline'"),
+}
+# Chromium's media viewer loads its file with CORS, which fails from the opaque origin a
+# plain `sandbox` gives; `allow-same-origin` keeps the origin but still allows no script.
+SANDBOX_FOR = {
+    Presentation.AUDIO: "sandbox allow-same-origin",
+    Presentation.VIDEO: "sandbox allow-same-origin",
+}
+
+
+def artifact_csp(presentation: Presentation | None) -> str:
+    """The Content-Security-Policy of an artifact shown as `presentation` (None: download)."""
+    directives = [
+        *ARTIFACT_BASE_CSP,
+        *ARTIFACT_VIEWER_CSP.get(presentation, ()),
+        SANDBOX_FOR.get(presentation, "sandbox"),
+    ]
+    return "; ".join(directives)
+
+
 class CrossSiteRequest(Forbidden):
     """A browser request from another site tried to change state."""
 
     description = "Cross-site request refused: this API only accepts same-origin browser requests"
 
 
-def refuse_cross_site(allowed_origins: Iterable[str]) -> None:
+class UnknownHost(BadRequest):
+    """The request names a host this server does not serve."""
+
+    description = "Unknown host: this server answers only for the names in server.allowed_hosts"
+
+
+# host (a name, an IPv4 address or a bracketed IPv6 address) and an optional port
+_HOST_RE = re.compile(r"(?P<name>[a-z0-9.-]+|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
+
+
+def host_allowed(header: str | None, allowed_hosts: Iterable[str]) -> bool:
+    """Whether a `Host` header names an allowed host (any port; `.example.com` = subdomains).
+
+    Werkzeug's `TRUSTED_HOSTS` would do this, but it cannot match an IPv6 literal such as
+    `[::1]`, one of the defaults, so the same rule is written out here.
+    """
+    if not header:
+        return False
+    match = _HOST_RE.fullmatch(header.lower())
+    if match is None:
+        return False
+    name = match["name"].rstrip(".") if not match["name"].startswith("[") else match["name"]
+    for allowed in allowed_hosts:
+        if allowed.startswith("."):
+            if name.endswith(allowed) or name == allowed[1:]:
+                return True
+        elif name == allowed:
+            return True
+    return False
+
+
+def refuse_unknown_host(allowed_hosts: Iterable[str]) -> None:
+    """Raise 400 unless the request's `Host` is one of the allowed hosts."""
+    if not host_allowed(request.headers.get("Host"), allowed_hosts):
+        raise UnknownHost()
+
+
+def own_origins(allowed_hosts: Iterable[str], scheme: str, port: str) -> set[str]:
+    """The origins this app is served under: each allowed host with the scheme and port."""
+    default = "443" if scheme == "https" else "80"
+    suffix = "" if port == default else f":{port}"
+    return {f"{scheme}://{host}{suffix}" for host in allowed_hosts if not host.startswith(".")}
+
+
+def refuse_cross_site(allowed_hosts: Iterable[str], allowed_origins: Iterable[str]) -> None:
     """Raise 403 for a state-changing browser request that comes from another origin."""
     if request.method in SAFE_METHODS:
         return
@@ -48,16 +136,22 @@ def refuse_cross_site(allowed_origins: Iterable[str]) -> None:
     origin = request.headers.get("Origin")
     if origin is None:
         return
-    own = request.host_url.rstrip("/")
-    if origin.rstrip("/") != own and origin.rstrip("/") not in allowed_origins:
+    origin = origin.strip().rstrip("/").lower()
+    if origin in allowed_origins:
+        return
+    port = str(request.environ.get("SERVER_PORT") or "")
+    if origin not in own_origins(allowed_hosts, request.scheme, port):
         raise CrossSiteRequest()
 
 
 def add_security_headers(response: Response) -> Response:
-    """Headers every response gets; pages also get a strict Content-Security-Policy."""
+    """Headers every response gets; pages and API answers each get a strict CSP."""
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")
-    if response.mimetype == "text/html":  # pages, and /api/docs
+    if request.path.startswith("/api/") and request.endpoint != API_DOCS_PAGE:
+        # JSON, errors and files alike: nothing under /api/ is ever a page that may act.
+        response.headers.setdefault("Content-Security-Policy", artifact_csp(None))
+    elif response.mimetype == "text/html":  # pages, and the API docs page
         response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
         response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
     return response

@@ -1,11 +1,16 @@
-"""Which file a virtual path names, and how it may be shown to a browser (SPEC 2.5).
+"""Which file a virtual path names, and how it may be shown to a browser (SPEC 2.5, issue 9).
 
-The decision is made here, away from Flask: anything a browser could execute (HTML,
-XHTML, SVG) is always an attachment, whatever the client asks for.
+The decision is made here, away from Flask. A thread's files come from people and agents,
+so none of them may ever become a document that runs script in the app's origin, whatever
+its name, extension or content. Only an allow-list of passive kinds is shown inline:
+images other than SVG, PDF, audio, video, and text, which is always sent as `text/plain`
+(with `nosniff` a browser then shows it as text, even when it holds HTML). Everything else,
+markup of every kind included (HTML, XHTML, SVG, XML, XSLT, RSS, MathML), is an attachment.
 """
 
 from __future__ import annotations
 
+import enum
 import mimetypes
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +22,58 @@ from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import is_binary_file
 
-ACTIVE_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml", "image/svg+xml"})
-ACTIVE_SUFFIXES = frozenset({".html", ".htm", ".xhtml", ".xht", ".svg", ".svgz", ".shtml"})
+PLAIN_TEXT = "text/plain"
+
+# Raster images browsers decode without any script engine; SVG is a document, never here.
+INLINE_IMAGE_TYPES = frozenset(
+    {
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "image/bmp",
+        "image/avif",
+        "image/x-icon",
+        "image/vnd.microsoft.icon",
+    }
+)
+# Types a browser could render as a document with script, by name or by type family.
+MARKUP_TYPES = frozenset(
+    {"text/html", "text/sgml", "text/x-sgml", "message/rfc822", "multipart/related"}
+)
+MARKUP_SUFFIXES = frozenset(
+    {
+        ".html",
+        ".htm",
+        ".shtml",
+        ".xhtml",
+        ".xht",
+        ".svg",
+        ".svgz",
+        ".xml",
+        ".xsl",
+        ".xslt",
+        ".xsd",
+        ".rss",
+        ".atom",
+        ".rdf",
+        ".mml",
+        ".xbl",
+        ".xul",
+        ".mht",
+        ".mhtml",
+    }
+)
+
+
+class Presentation(enum.StrEnum):
+    """How a browser may show a file inline; anything else is only ever downloaded."""
+
+    IMAGE = "image"
+    PDF = "pdf"
+    AUDIO = "audio"
+    VIDEO = "video"
+    TEXT = "text"
 
 
 def artifact_url(thread_id: str, virtual_path: str) -> str:
@@ -35,30 +90,63 @@ def _is_binary(path: Path) -> bool:
         return True  # unreadable counts as binary: never guess text for it
 
 
+def is_markup(content_type: str | None, suffix: str) -> bool:
+    """Whether a browser could treat the file as a document (HTML, any XML, SVG, MHTML)."""
+    if suffix.lower() in MARKUP_SUFFIXES:
+        return True
+    if content_type is None:
+        return False
+    kind = content_type.lower()
+    return kind in MARKUP_TYPES or kind.endswith(("/xml", "+xml")) or "xml-" in kind
+
+
 @dataclass(frozen=True)
 class Artifact:
-    """A resolved file under a thread's user-data folder, ready to send."""
+    """A resolved file under a thread's user-data folder, ready to send.
+
+    `content_type` is what the file is (guessed from its name, or sniffed as text or
+    binary); `presentation` is how a browser may show it inline, None for download only.
+    """
 
     path: Path
     name: str
     content_type: str
     active: bool
     size: int
+    presentation: Presentation | None = None
 
     def as_attachment(self, download: bool) -> bool:
-        """Active content is never shown inline, even when the client asks for it."""
-        return download or self.active
+        """Only the passive allow-list is ever shown inline, whatever the client asks."""
+        return download or self.presentation is None
+
+    def response_type(self, attachment: bool) -> str:
+        """The Content-Type to send: text is always `text/plain` when shown inline."""
+        if not attachment and self.presentation is Presentation.TEXT:
+            return PLAIN_TEXT
+        return self.content_type
 
 
-def content_type_for(path: Path) -> tuple[str, bool]:
-    """(content type to send, whether it is active content) for a file on disk."""
+def classify(path: Path) -> tuple[str, bool, Presentation | None]:
+    """The file's content type, whether it is markup, and how it may be shown inline."""
     guessed, _ = mimetypes.guess_type(path.name, strict=False)
-    active = guessed in ACTIVE_CONTENT_TYPES or path.suffix.lower() in ACTIVE_SUFFIXES
+    active = is_markup(guessed, path.suffix)
     if guessed and guessed.startswith("text/"):
-        return guessed, active
-    if not _is_binary(path):
-        return guessed or "text/plain", active
-    return guessed or "application/octet-stream", active
+        content_type, text = guessed, True
+    elif not _is_binary(path):
+        content_type, text = guessed or PLAIN_TEXT, True
+    else:
+        content_type, text = guessed or "application/octet-stream", False
+    if active:
+        return content_type, True, None
+    if content_type in INLINE_IMAGE_TYPES:
+        return content_type, False, Presentation.IMAGE
+    if content_type == "application/pdf":
+        return content_type, False, Presentation.PDF
+    if content_type.startswith("audio/"):
+        return content_type, False, Presentation.AUDIO
+    if content_type.startswith("video/"):
+        return content_type, False, Presentation.VIDEO
+    return content_type, False, Presentation.TEXT if text else None
 
 
 def resolve_artifact(
@@ -75,5 +163,5 @@ def resolve_artifact(
         raise ArtifactNotFound(shown)
     if not actual.is_file():
         raise NotAFile(shown)
-    content_type, active = content_type_for(actual)
-    return Artifact(actual, actual.name, content_type, active, actual.stat().st_size)
+    content_type, active, presentation = classify(actual)
+    return Artifact(actual, actual.name, content_type, active, actual.stat().st_size, presentation)

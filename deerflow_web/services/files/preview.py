@@ -2,9 +2,10 @@
 
 Only the first `PREVIEW_BYTES` (1 MiB, the range DeerFlow's preview requests) are ever
 read, so a huge file costs no more than a small one; the page says when it shows only the
-beginning. Media the browser can play or show (images, PDF, audio, video) are not read at
-all: the page points the browser at the artifact URL. Anything the browser could execute
-(HTML, XHTML, SVG) is shown as source text, never rendered.
+beginning. Media the browser can play or show (images, PDF, audio, video: the artifact
+route's inline allow-list) are not read at all: the page points the browser at the
+artifact URL. Markup of any kind (HTML, XHTML, SVG, XML) is shown as source text, never
+rendered.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from pathlib import PurePosixPath
 
 from deerflow_web.services.files.artifacts import Artifact
+from deerflow_web.services.files.artifacts import Presentation
 from deerflow_web.services.files.markdown_render import ImageResolver
 from deerflow_web.services.files.markdown_render import render_markdown
 from deerflow_web.storage.sniff import is_binary_head
@@ -29,18 +31,6 @@ from deerflow_web.storage.sniff import is_binary_head
 PREVIEW_BYTES = 1024 * 1024
 CSV_ROWS = 200
 
-BROWSER_IMAGE_TYPES = frozenset(
-    {
-        "image/png",
-        "image/jpeg",
-        "image/gif",
-        "image/webp",
-        "image/bmp",
-        "image/avif",
-        "image/x-icon",
-        "image/vnd.microsoft.icon",
-    }
-)
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdown", ".mkd"})
 JSON_SUFFIXES = frozenset({".json", ".geojson", ".ipynb"})
 CSV_DELIMITERS = {".csv": ",", ".tsv": "\t"}
@@ -117,17 +107,12 @@ def _csv_rows(text: str, delimiter: str, truncated: bool) -> tuple[list[list[str
     return rows, truncated
 
 
-def _media_kind(artifact: Artifact) -> PreviewKind | None:
-    content_type = artifact.content_type
-    if content_type in BROWSER_IMAGE_TYPES:
-        return PreviewKind.IMAGE
-    if content_type == "application/pdf":
-        return PreviewKind.PDF
-    if content_type.startswith("audio/"):
-        return PreviewKind.AUDIO
-    if content_type.startswith("video/"):
-        return PreviewKind.VIDEO
-    return None
+MEDIA_KINDS = {
+    Presentation.IMAGE: PreviewKind.IMAGE,
+    Presentation.PDF: PreviewKind.PDF,
+    Presentation.AUDIO: PreviewKind.AUDIO,
+    Presentation.VIDEO: PreviewKind.VIDEO,
+}
 
 
 def build_preview(
@@ -142,7 +127,7 @@ def build_preview(
         image_url: Maps a user-data path to a same-origin URL for Markdown images.
     """
     base = Preview(PreviewKind.DOWNLOAD, artifact.name, artifact.size, artifact.content_type)
-    media = None if artifact.active else _media_kind(artifact)
+    media = MEDIA_KINDS.get(artifact.presentation) if artifact.presentation else None
     if media is not None:
         return replace(base, kind=media)
     if artifact.size == 0:
