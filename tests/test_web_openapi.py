@@ -195,9 +195,11 @@ def test_docs_page_keeps_the_strict_csp(client: FlaskClient) -> None:
     assert "http://" not in html and "https://" not in html  # nothing from a CDN
 
 
-def test_api_json_keeps_no_page_csp(client: FlaskClient) -> None:
-    response = client.get("/api/threads/t/uploads/limits")
-    assert "Content-Security-Policy" not in response.headers
+def test_only_the_docs_page_under_api_may_run_script(client: FlaskClient) -> None:
+    api = client.get("/api/threads/t/uploads/limits").headers["Content-Security-Policy"]
+    page = client.get("/api/docs").headers["Content-Security-Policy"]
+    assert "sandbox" in api and "script-src" not in api
+    assert "sandbox" not in page and "script-src 'self'" in page
 
 
 def test_swagger_ui_is_vendored_with_its_licence(client: FlaskClient) -> None:
