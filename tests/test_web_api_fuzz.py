@@ -1,7 +1,9 @@
 """schemathesis against a real gunicorn server: every operation, every check, bounded.
 
 The server is started as `make run` starts it (gthread workers, `app:app`) on a free loopback
-port over a fresh data dir. schemathesis reads the server's own /openapi.json and runs its
+port over a fresh data dir, once with accounts off and once with accounts on, where every
+request carries an admin's API token made with `flask --app app users create/token`.
+schemathesis reads the server's own /openapi.json and runs its
 phases: the documented examples, coverage of each parameter's edges, property-based fuzzing
 (valid and invalid data), and stateful sequences that follow the document's links (upload,
 then list, read, rename, delete what was uploaded). Any 5xx, any response that the document
@@ -11,6 +13,7 @@ Bounded by `--max-examples` per operation and `--max-time`, so it fits CI in a f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -33,6 +36,8 @@ SEED = os.environ.get("SCHEMATHESIS_SEED", "20261130")  # fixed: a CI failure re
 MAX_EXAMPLES = os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "40")
 MAX_TIME = os.environ.get("SCHEMATHESIS_MAX_TIME", "90")
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options"}
+ADMIN_EMAIL = "fuzz-admin@example.com"
+ADMIN_PASSWORD = "a fuzzing passphrase"
 
 
 @dataclass
@@ -62,7 +67,7 @@ def _wait_until_up(url: str, server: subprocess.Popen[bytes], log: Path) -> None
     pytest.fail(f"gunicorn did not answer {url}:\n{log.read_text(errors='replace')}")
 
 
-def _environment(tmp_path: Path) -> dict[str, str]:
+def _environment(tmp_path: Path, *, accounts: bool) -> dict[str, str]:
     """A fresh data dir and the shipped defaults (never a developer's config.yaml)."""
     config = tmp_path / "config.yaml"
     config.write_text("uploads: {}\n", encoding="utf-8")
@@ -70,16 +75,38 @@ def _environment(tmp_path: Path) -> dict[str, str]:
         **os.environ,
         "DEER_FLOW_HOME": str(tmp_path / "data"),
         "DEER_FLOW_CONFIG_PATH": str(config),
-        "DEER_FLOW_AUTH_DISABLED": "1",
     }
+    env.pop("DEER_FLOW_AUTH_DISABLED", None)
+    if not accounts:
+        env["DEER_FLOW_AUTH_DISABLED"] = "1"
     return env
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    """`make run`'s gunicorn on a free loopback port with a fresh data dir."""
-    env = _environment(tmp_path)
-    headers: list[str] = []
+def _api_token(env: dict[str, str]) -> str:
+    """An admin account and an API token for it, made on the command line as an operator would."""
+    flask = [sys.executable, "-m", "flask", "--app", "app", "users"]
+    run = {"cwd": ROOT, "env": env, "capture_output": True, "text": True, "timeout": 120}
+    create = [*flask, "create", ADMIN_EMAIL, "--admin"]
+    subprocess.run(create, input=ADMIN_PASSWORD + "\n", check=True, **run)
+    token = subprocess.run(
+        [*flask, "token", ADMIN_EMAIL, "--name", "schemathesis"], check=True, **run
+    )
+    return token.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(params=("accounts off", "accounts on"))
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    """`make run`'s gunicorn on a free loopback port with a fresh data dir; with accounts on,
+    every request carries an admin's API token."""
+    if os.environ.get("DEER_FLOW_AUTH_DISABLED"):
+        # This module starts both kinds of server itself; a suite pass run with accounts
+        # off (make test runs one) would only repeat it.
+        pytest.skip("runs in the suite pass with accounts on")
+    accounts = request.param == "accounts on"
+    if accounts and importlib.util.find_spec("deerflow_web.web.auth_api") is None:
+        pytest.skip("this tree has no accounts yet")
+    env = _environment(tmp_path, accounts=accounts)
+    headers = [f"Authorization: Bearer {_api_token(env)}"] if accounts else []
     port = _free_port()
     log = tmp_path / "gunicorn.log"
     command = [
