@@ -6,10 +6,10 @@ VENV ?= .venv
 HOST ?= 127.0.0.1
 PORT ?= 2026
 WORKERS ?= 2
-THREADS ?= 8
+CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench browser clean
+.PHONY: run test lint bench bench-scale browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,13 +23,17 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]' ruff
 	touch $@ $(VENV)/.runtime
 
-# gthread workers read request bodies in large pieces (gunicorn's sync worker halves upload
-# throughput); several workers may share one data dir, which the records database allows.
+# gevent workers (web/server.py) hold each connection in a greenlet, so hundreds of slow
+# uploads and downloads wait without taking a thread each; the worker adds back kernel
+# sendfile and the idle timeout. Several workers share one data dir (the records database
+# allows it). One access-log line per request, with its duration in milliseconds.
 # The bound address joins the hosts the app answers for (server.allowed_hosts).
 run: $(VENV)/.runtime
-	DEER_FLOW_BIND_HOST=$(HOST) $(BIN)/gunicorn --worker-class gthread \
-		--workers $(WORKERS) --threads $(THREADS) --bind $(HOST):$(PORT) \
-		--timeout 600 --graceful-timeout 30 --no-control-socket --access-logfile - app:app
+	ulimit -n $$(ulimit -Hn) 2>/dev/null || true; \
+	DEER_FLOW_BIND_HOST=$(HOST) $(BIN)/gunicorn --worker-class deerflow_web.web.server.Worker \
+		--workers $(WORKERS) --worker-connections $(CONNECTIONS) --bind $(HOST):$(PORT) \
+		--timeout 600 --graceful-timeout 30 --no-control-socket --access-logfile - \
+		--access-logformat '%(h)s "%(r)s" %(s)s %(b)s %(M)sms' app:app
 
 # Debian's Chromium for the browser tests; Playwright drives it, no browser is downloaded.
 browser:
@@ -45,6 +49,10 @@ lint: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_uploads.py
+
+# Slow clients, no-regression ratios against the previous server, lists at scale.
+bench-scale: $(VENV)/.test
+	$(BIN)/python bench/bench_scale.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -76,6 +76,13 @@ class MalformedUpload(UploadError):
     """The request body is not a complete multipart/form-data body."""
 
 
+class RequestTimedOut(UploadError):
+    """The client sent nothing for longer than `server.idle_timeout_seconds`."""
+
+    def __init__(self) -> None:
+        super().__init__("The client sent nothing for too long; the request was dropped")
+
+
 class TooManyFiles(UploadError):
     """More file parts than `uploads.max_files`."""
 

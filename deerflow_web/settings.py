@@ -65,6 +65,9 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     config_path: Path | None = None
+    # A connection that sends or receives nothing for this long is dropped: a stalled
+    # upload (its staging file removed), a download nobody reads, headers that never end.
+    idle_timeout_seconds: float = 60.0
 
 
 def parse_bool(value: object) -> bool:
@@ -251,4 +254,7 @@ def load_settings(
         allowed_origins=tuple(o.strip().rstrip("/").lower() for o in origins),
         allowed_hosts=allowed_hosts_from(server, env),
         config_path=path,
+        idle_timeout_seconds=positive_setting(
+            server, "idle_timeout_seconds", Settings.idle_timeout_seconds
+        ),
     )

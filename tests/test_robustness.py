@@ -131,11 +131,9 @@ def start_server(base_dir: Path, port: int, config: Path | None = None) -> subpr
             "-m",
             "gunicorn",
             "--worker-class",
-            "gthread",
+            "deerflow_web.web.server.Worker",  # what make run uses
             "--workers",
             "1",
-            "--threads",
-            "4",
             "--bind",
             f"127.0.0.1:{port}",
             "--no-control-socket",

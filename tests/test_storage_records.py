@@ -86,13 +86,45 @@ def test_summaries_per_scope(records: SQLiteUploadRecords) -> None:
     assert summary == {"s1": (2, 5), "s2": (1, 4)}
 
 
-def test_each_thread_gets_its_own_connection(records: SQLiteUploadRecords) -> None:
+def test_connections_are_lent_and_reused(records: SQLiteUploadRecords) -> None:
+    """A pooled connection per borrower at a time, the same one again once it is back:
+    under gevent a connection per greenlet would be opened and dropped per request."""
+    pool = records._pool
+    with pool.borrow() as first, pool.borrow() as second:
+        assert first is not second
+    with pool.borrow() as again:
+        assert again in (first, second)
     seen = []
-    worker = threading.Thread(target=lambda: seen.append(records._db()))
+    worker = threading.Thread(target=lambda: seen.append(records.all("s1")))
     worker.start()
     worker.join()
-    assert seen[0] is not records._db()
-    assert records._db() is records._db()
+    assert seen == [[]]
+
+
+def test_reads_inside_a_transaction_see_its_rows(records: SQLiteUploadRecords) -> None:
+    with records.locked("s1") as txn:
+        txn.put(stored("a", 1))
+        assert [s.record.filename for s in records.all("s1")] == ["a"]
+        assert records.get("s1", "a") is not None
+    with records.locked("s1") as txn:
+        txn.put(stored("b", 2))
+    assert [s.record.filename for s in records.all("s1")] == ["a", "b"]
+
+
+def test_a_rolled_back_transaction_leaves_nothing(records: SQLiteUploadRecords) -> None:
+    class Boom(Exception):
+        pass
+
+    try:
+        with records.locked("s1") as txn:
+            txn.put(stored("a", 1))
+            raise Boom
+    except Boom:
+        pass
+    assert records.all("s1") == []
+    with records.locked("s1") as txn:  # the connection went back to the pool usable
+        txn.put(stored("b", 1))
+    assert [s.record.filename for s in records.all("s1")] == ["b"]
 
 
 def test_chat_turns_share_the_connection_helper_and_stay_lazy(tmp_path: Path) -> None:

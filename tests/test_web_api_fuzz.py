@@ -1,6 +1,6 @@
 """schemathesis against a real gunicorn server: every operation, every check, bounded.
 
-The server is started as `make run` starts it (gthread workers, `app:app`) on a free loopback
+The server is started as `make run` starts it (its gevent worker, `app:app`) on a free loopback
 port over a fresh data dir, once with accounts off and once with accounts on, where every
 request carries an admin's API token made with `flask --app app users create/token`.
 schemathesis reads the server's own /openapi.json and runs its
@@ -109,11 +109,12 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     headers = [f"Authorization: Bearer {_api_token(env)}"] if accounts else []
     port = _free_port()
     log = tmp_path / "gunicorn.log"
-    command = [
-        *(sys.executable, "-m", "gunicorn", "--worker-class", "gthread"),
-        *("--workers", "2", "--threads", "4", "--timeout", "120"),
+    command = [  # as `make run` serves
+        *(sys.executable, "-m", "gunicorn", "--worker-class", "deerflow_web.web.server.Worker"),
+        *("--workers", "2", "--worker-connections", "100", "--timeout", "120"),
         *("--bind", f"127.0.0.1:{port}", "--no-control-socket", "app:app"),
     ]
+    env["DEER_FLOW_BIND_HOST"] = "127.0.0.1"
     with log.open("wb") as output:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
     url = f"http://127.0.0.1:{port}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -22,7 +21,9 @@ from typing import Protocol
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
-from deerflow_web.storage.sqlite import ThreadConnections
+from deerflow_web.storage.sqlite import ConnectionPool
+from deerflow_web.storage.sqlite import PooledConnection
+from deerflow_web.storage.sqlite import write
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS uploads (
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS uploads (
 # at start-up (existing rows read NULL).
 ADDED_COLUMNS = (("source_sha256", "TEXT"),)
 
-CACHED_SCOPES = 64  # threads whose records each server thread keeps in memory
+CACHED_SCOPES = 64  # threads whose records each pooled connection keeps in memory
 
 _COLUMNS = (
     "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
@@ -143,6 +144,7 @@ class UploadRecords(Protocol):
         self, states: Iterable[ConversionState]
     ) -> list[tuple[str, str, str | None]]: ...
     def summaries(self) -> list[ThreadSummary]: ...
+    def ping(self) -> None: ...
 
 
 class _SQLiteTransaction:
@@ -198,57 +200,71 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
     for name, kind in ADDED_COLUMNS:
         if name not in present:
             try:
-                db.execute(f"ALTER TABLE uploads ADD COLUMN {name} {kind}")
+                write(db, f"ALTER TABLE uploads ADD COLUMN {name} {kind}")
             except sqlite3.OperationalError as error:
                 if "duplicate column" not in str(error):  # another process added it first
                     raise
 
 
 class SQLiteUploadRecords:
-    """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer)."""
+    """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer).
+
+    Connections come from a small pool rather than one per thread: under the gevent
+    server every request runs in a short-lived greenlet, and a connection (and its cache)
+    per greenlet would be opened and thrown away on every request. A transaction keeps its
+    connection for the caller's thread or greenlet, so reads made inside `locked` see the
+    rows it has not committed yet.
+    """
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
-        self._connections = ThreadConnections(db_path, SCHEMA)
-        self._connections.prepare()
-        _add_missing_columns(self._connections.get())
-        self._caches = threading.local()
+        self._local = threading.local()  # the connection of an open transaction, if any
+        self._pool = ConnectionPool(db_path, SCHEMA)
+        with self._pool.borrow() as pooled:
+            _add_missing_columns(pooled.db)
 
-    def _db(self) -> sqlite3.Connection:
-        return self._connections.get()
+    @contextmanager
+    def _connection(self) -> Iterator[PooledConnection]:
+        """The open transaction's connection, else one borrowed from the pool."""
+        current = getattr(self._local, "txn", None)
+        if current is not None:
+            yield current
+            return
+        with self._pool.borrow() as pooled:
+            yield pooled
 
-    def _cache(self, db: sqlite3.Connection) -> OrderedDict:
-        """This thread's listing cache, reset whenever its connection is new."""
-        if getattr(self._caches, "db", None) is not db:
-            self._caches.db = db
-            self._caches.cache = OrderedDict()
-        return self._caches.cache
+    def ping(self) -> None:
+        """Run a trivial query; raises when the database cannot be reached (readiness)."""
+        with self._connection() as pooled:
+            pooled.db.execute("SELECT COUNT(*) FROM uploads WHERE 0").fetchone()
 
     def all(self, scope: str) -> list[StoredRecord]:
-        """Every record of the thread, by name; unchanged sets come from a per-thread cache.
+        """Every record of the thread, by name; unchanged sets come from a per-connection cache.
 
         Listing a large thread is the hot read. `PRAGMA data_version` moves whenever another
         connection (any process) commits and `total_changes` whenever this one writes, so
         the pair tells for certain whether the cached records are still the stored ones.
         """
-        db = self._db()
-        if db.in_transaction:  # uncommitted rows must never be cached
-            return _SQLiteTransaction(db, scope).all()
-        version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
-        cache: OrderedDict[str, tuple[tuple[int, int], list[StoredRecord]]] = self._cache(db)
-        hit = cache.get(scope)
-        if hit is not None and hit[0] == version:
-            cache.move_to_end(scope)
-            return list(hit[1])
-        records = _SQLiteTransaction(db, scope).all()
-        cache[scope] = (version, records)
-        if len(cache) > CACHED_SCOPES:
-            cache.popitem(last=False)
-        return list(records)
+        with self._connection() as pooled:
+            db = pooled.db
+            if db.in_transaction:  # uncommitted rows must never be cached
+                return _SQLiteTransaction(db, scope).all()
+            version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
+            cache = pooled.cache
+            hit = cache.get(scope)
+            if hit is not None and hit[0] == version:
+                cache.move_to_end(scope)
+                return list(hit[1])
+            records = _SQLiteTransaction(db, scope).all()
+            cache[scope] = (version, records)
+            if len(cache) > CACHED_SCOPES:
+                cache.popitem(last=False)
+            return list(records)
 
     def get(self, scope: str, filename: str) -> StoredRecord | None:
         """One record, or None."""
-        return _SQLiteTransaction(self._db(), scope).get(filename)
+        with self._connection() as pooled:
+            return _SQLiteTransaction(pooled.db, scope).get(filename)
 
     @contextmanager
     def locked(self, scope: str) -> Iterator[_SQLiteTransaction]:
@@ -257,14 +273,18 @@ class SQLiteUploadRecords:
         BEGIN IMMEDIATE takes SQLite's write lock up front, so two processes committing the
         same name run one after the other and the record always describes the bytes on disk.
         """
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield _SQLiteTransaction(db, scope)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        with self._connection() as pooled:
+            db = pooled.db
+            write(db, "BEGIN IMMEDIATE")
+            self._local.txn = pooled
+            try:
+                yield _SQLiteTransaction(db, scope)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            finally:
+                self._local.txn = None
+            db.execute("COMMIT")
 
     def set_conversion(
         self,
@@ -275,23 +295,22 @@ class SQLiteUploadRecords:
         owner: str | None = None,
     ) -> bool:
         """Record a conversion job's state and the process running it; False if no record."""
-        cursor = self._db().execute(
-            "UPDATE uploads SET conversion_state = ?, conversion_error = ?, conversion_owner = ? "
-            "WHERE scope = ? AND filename = ?",
-            (state.value if state else None, error, owner, scope, filename),
-        )
-        return cursor.rowcount > 0
+        with self._connection() as pooled:
+            cursor = write(
+                pooled.db,
+                "UPDATE uploads SET conversion_state = ?, conversion_error = ?, "
+                "conversion_owner = ? WHERE scope = ? AND filename = ?",
+                (state.value if state else None, error, owner, scope, filename),
+            )
+            return cursor.rowcount > 0
 
     def conversion_owner(self, scope: str, filename: str) -> str | None:
         """The process (`host:pid`) that runs the file's conversion job, if any."""
-        row = (
-            self._db()
-            .execute(
+        with self._connection() as pooled:
+            row = pooled.db.execute(
                 "SELECT conversion_owner FROM uploads WHERE scope = ? AND filename = ?",
                 (scope, filename),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         return row[0] if row else None
 
     def find_conversions(
@@ -304,23 +323,21 @@ class SQLiteUploadRecords:
             "SELECT scope, filename, conversion_owner FROM uploads "
             f"WHERE conversion_state IN ({marks})"
         )
-        return [tuple(row) for row in self._db().execute(query, values).fetchall()]
+        with self._connection() as pooled:
+            return [tuple(row) for row in pooled.db.execute(query, values).fetchall()]
 
     def summaries(self) -> list[ThreadSummary]:
         """File count, total size and last change per thread, newest first."""
-        rows = (
-            self._db()
-            .execute(
+        with self._connection() as pooled:
+            rows = pooled.db.execute(
                 "SELECT scope, COUNT(*), SUM(size), MAX(MAX(uploaded_at), MAX(mtime_ns) / 1e9) "
                 "FROM uploads GROUP BY scope ORDER BY 4 DESC"
-            )
-            .fetchall()
-        )
+            ).fetchall()
         return [
             ThreadSummary(scope, count, total or 0, last or 0.0)
             for scope, count, total, last in rows
         ]
 
     def close(self) -> None:
-        """Close this thread's connection (tests open many stores)."""
-        self._connections.close()
+        """Close the pooled connections (tests open many stores)."""
+        self._pool.close()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask
+from flask import request
 
 from deerflow_web.settings import load_settings
 from deerflow_web.web.json_provider import AppRequest
@@ -46,10 +47,17 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         MAX_FORM_MEMORY_SIZE=64 * 1024,
         # A backstop only: the upload service enforces the real limits while streaming.
         MAX_CONTENT_LENGTH=settings.limits.max_total_size + 16 * 1024 * 1024,
+        DEERFLOW_SETTINGS=settings,  # for the gunicorn worker (web/server.py)
     )
     app.config.update(overrides)
     # First of all hooks: no route, form check or page runs for a host we do not serve.
-    app.before_request(lambda: refuse_unknown_host(settings.allowed_hosts))
+
+    def check_host() -> None:
+        # Health probes come by the instance's address and read nothing: never refused.
+        if request.blueprint != "health":
+            refuse_unknown_host(settings.allowed_hosts)
+
+    app.before_request(check_host)
 
     csrf.init_app(app)
     i18n.init_app(app, PROJECT_ROOT / "translations")
@@ -59,6 +67,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web import api
     from deerflow_web.web import api_docs
     from deerflow_web.web import chat
+    from deerflow_web.web import health
     from deerflow_web.web import pages
 
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
@@ -66,6 +75,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(pages.bp)
     app.register_blueprint(chat.bp)
     app.register_blueprint(api_docs.bp)
+    app.register_blueprint(health.bp)
     app.after_request(add_security_headers)
     register_error_handlers(app)
     return app

@@ -33,6 +33,7 @@ from deerflow_web.errors import NoFilesProvided
 from deerflow_web.errors import NotAFile
 from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import PathTraversal
+from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import StorageFailure
 from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
@@ -55,6 +56,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     PathTraversal: 403,
     UploadNotFound: 404,
     ArtifactNotFound: 404,
+    RequestTimedOut: 408,
     NameConflict: 409,
     TooManyFiles: 413,
     FileTooLarge: 413,

@@ -7,17 +7,25 @@ one reused buffer (see request_body.py), scans each chunk for the part delimiter
 and hands the file data on as memoryview slices of that buffer: the upload service hashes
 them and writes them to the staging file with no copy in Python. Only the small part
 headers are parsed the ordinary way.
+
+The buffer starts small and grows to a megabyte only for a client that keeps it full, and
+only while fewer than `LARGE_BUFFERS` such buffers exist in the process: hundreds of slow
+uploads then cost 64 KiB each instead of a megabyte each, while a fast upload still moves
+in megabyte chunks (fewer writes and hash updates per megabyte).
 """
 
 from __future__ import annotations
 
 import re
+import weakref
+from collections import deque
 from collections.abc import Iterator
 
 from werkzeug.datastructures import Headers
 from werkzeug.http import parse_options_header
 from werkzeug.wrappers import Request
 
+from deerflow_web.concurrency import pause
 from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import MissingFilesField
 from deerflow_web.errors import TotalTooLarge
@@ -27,7 +35,9 @@ from deerflow_web.web.request_body import RequestBody
 from deerflow_web.web.request_body import WsgiBody
 from deerflow_web.web.request_body import request_body
 
-READ_SIZE = 1024 * 1024
+READ_SIZE = 1024 * 1024  # a fast client's chunk
+SMALL_READ_SIZE = 64 * 1024  # every upload's first chunk, and a slow client's for good
+LARGE_BUFFERS = 16  # megabyte chunks alive at once per process
 MAX_HEADER_BYTES = 16 * 1024
 MAX_FIELD_BYTES = 64 * 1024  # small form fields such as `on_conflict`
 _QUOTED_FILENAME = re.compile(r';\s*filename\s*=\s*"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
@@ -47,6 +57,43 @@ def part_filename(disposition: str) -> str | None:
     return parse_options_header(disposition)[1].get("filename")
 
 
+class _Chunk(bytearray):
+    """A read buffer that can say when the last view into it is gone."""
+
+    __slots__ = ("__weakref__",)
+
+
+class LargeBuffers:
+    """At most `count` megabyte read buffers alive at once; a buffer's slot frees with it.
+
+    The slot comes back when the buffer is garbage (the request is over and no view into
+    it is left), so nothing has to remember to hand it back on an error path. Slots are
+    tokens in a deque, whose append and pop are atomic: the finalizer may run inside
+    `take` itself (a garbage collection there), where a lock would deadlock.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._slots: deque[None] = deque([None] * count)
+
+    @property
+    def free(self) -> int:
+        """Slots not in use."""
+        return len(self._slots)
+
+    def take(self) -> bytearray | None:
+        """A fresh megabyte buffer, or None while every slot is taken."""
+        try:
+            self._slots.pop()
+        except IndexError:
+            return None
+        chunk = _Chunk(READ_SIZE)
+        weakref.finalize(chunk, self._slots.append, None)
+        return chunk
+
+
+large_buffers = LargeBuffers(LARGE_BUFFERS)
+
+
 class BodyReader:
     """Reads the request body in large chunks and finds the delimiters between parts.
 
@@ -59,7 +106,8 @@ class BodyReader:
     def __init__(self, body: RequestBody, boundary: bytes) -> None:
         self._body = body
         self._delimiter = b"\r\n--" + boundary
-        self._chunk = bytearray(READ_SIZE)
+        self._chunk = bytearray(SMALL_READ_SIZE)
+        self._wants_large = False
         # The body may start with the delimiter itself; a virtual CRLF makes that uniform.
         self._buffer: bytes | bytearray = b"\r\n"
         self._position = 0
@@ -69,14 +117,22 @@ class BodyReader:
         """Read into the chunk buffer until it is full or the body ends; return the count.
 
         Full chunks keep the number of writes and hash updates per megabyte small however
-        the server's reads happen to be cut.
+        the server's reads happen to be cut. A small chunk filled by one read means the
+        client sends faster than we read: the next chunk is a large one, if one is free.
+        Callers have copied whatever they still need from the old chunk.
         """
+        if self._wants_large:
+            self._wants_large = False
+            self._chunk = large_buffers.take() or self._chunk
         view = memoryview(self._chunk)
         count = 0
         while count < len(view) and (got := self._body.readinto(view[count:])):
+            if count == 0 and got == len(view) == SMALL_READ_SIZE:
+                self._wants_large = True
             count += got
         if not count:
             raise MalformedUpload(CUT_OFF)
+        pause()  # a fast client never makes a read wait: step aside once per chunk
         return count
 
     def _rest(self) -> bytes | bytearray:

@@ -105,7 +105,12 @@ def thread_files(thread_id: str) -> str:
     query = ListQuery.from_args(request.args)
     records = service.list_uploads(thread_id, current_user_id())
     listing = build_listing(
-        records, query=query.q, kind=query.kind, sort=query.sort, descending=query.descending
+        records,
+        query=query.q,
+        kind=query.kind,
+        sort=query.sort,
+        descending=query.descending,
+        page=query.page,
     )
     return render_template(
         "pages/thread_files.html",

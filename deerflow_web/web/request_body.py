@@ -19,6 +19,7 @@ from gunicorn.http.body import Body
 from gunicorn.http.body import LengthReader
 
 from deerflow_web.errors import MalformedUpload
+from deerflow_web.errors import RequestTimedOut
 
 CUT_OFF = "The upload was cut off before the request body ended"
 
@@ -43,7 +44,10 @@ class WsgiBody:
         wanted = len(buffer) if self._remaining is None else min(len(buffer), self._remaining)
         if wanted == 0:
             return 0
-        data = self._stream.read(wanted)
+        try:
+            data = self._stream.read(wanted)
+        except TimeoutError as error:  # the server's idle timeout on the connection
+            raise RequestTimedOut() from error
         if not data:
             if self._remaining is None:
                 return 0  # the stream knows where a chunked body ends
@@ -83,7 +87,10 @@ class GunicornBody:
         wanted = min(len(buffer), self._reader.length)
         if wanted == 0:
             return 0
-        count = self._sock.recv_into(buffer[:wanted])
+        try:
+            count = self._sock.recv_into(buffer[:wanted])
+        except TimeoutError as error:  # the server's idle timeout on the connection
+            raise RequestTimedOut() from error
         if count == 0:
             raise MalformedUpload(CUT_OFF)
         self._reader.length -= count

@@ -8,7 +8,9 @@ type second, so a `notes` file without a suffix still lands under "text".
 from __future__ import annotations
 
 import enum
-from pathlib import PurePosixPath
+import functools
+
+from deerflow_web.models import suffix_of
 
 
 class FileKind(enum.StrEnum):
@@ -96,7 +98,12 @@ _BY_TYPE_PREFIX: tuple[tuple[str, FileKind], ...] = (
 
 def file_kind(filename: str, content_type: str | None = None) -> FileKind:
     """The kind a person would file this under: by extension, else by content type."""
-    suffix = PurePosixPath(filename).suffix.lower()
+    return _kind_of(suffix_of(filename).lower(), content_type)
+
+
+@functools.lru_cache(maxsize=1024)
+def _kind_of(suffix: str, content_type: str | None) -> FileKind:
+    """Cached: a thread of 10,000 files has a few dozen (suffix, type) pairs."""
     if suffix in _KIND_OF_SUFFIX:
         return _KIND_OF_SUFFIX[suffix]
     for prefix, kind in _BY_TYPE_PREFIX:

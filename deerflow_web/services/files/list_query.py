@@ -26,6 +26,7 @@ class ListQuery:
     kind: FileKind | None = None  # the `type` query parameter
     sort: SortKey = SortKey.NAME
     order: str = "asc"
+    page: int = 1
 
     @classmethod
     def from_args(cls, args: Mapping[str, str]) -> ListQuery:
@@ -35,6 +36,7 @@ class ListQuery:
             kind=parse_kind(args.get("type")),
             sort=SortKey.parse(args.get("sort")),
             order="desc" if args.get("order") == "desc" else "asc",
+            page=_page_number(args.get("page")),
         )
 
     @property
@@ -45,8 +47,12 @@ class ListQuery:
     def toggled(self, column: SortKey) -> ListQuery:
         """The query a column header links to: that column, flipping the order if current."""
         if column is self.sort:
-            return replace(self, order="asc" if self.descending else "desc")
-        return replace(self, sort=column, order="asc")
+            return replace(self, order="asc" if self.descending else "desc", page=1)
+        return replace(self, sort=column, order="asc", page=1)
+
+    def on_page(self, page: int) -> ListQuery:
+        """The same view on another page (pager links)."""
+        return replace(self, page=page)
 
     def as_args(self) -> dict[str, str]:
         """Query parameters that differ from the defaults (short, shareable URLs)."""
@@ -59,3 +65,11 @@ class ListQuery:
 
 
 _PARAMS = {"kind": "type"}
+
+
+def _page_number(raw: str | None) -> int:
+    """A positive page number; anything else is the first page."""
+    try:
+        return max(int(raw or 1), 1)
+    except ValueError:
+        return 1

@@ -20,6 +20,7 @@ from deerflow_web.models import ACTIVE_CONVERSION_STATES
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.kinds import FileKind
 from deerflow_web.services.files.kinds import file_kind
+from deerflow_web.services.files.record_cache import RecordCache
 
 
 class SortKey(enum.StrEnum):
@@ -37,6 +38,10 @@ class SortKey(enum.StrEnum):
             return cls(value) if value else cls.NAME
         except ValueError:
             return cls.NAME
+
+
+PAGE_SIZE = 100  # groups per page: a thread of 10,000 files renders one page at a time
+CACHED_VIEWS = 16  # arranged lists (thread x filter x order) each process keeps
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,30 @@ class FileListing:
     total_count: int
     total_size: int
     kinds: list[FileKind] = field(default_factory=list)
+    page: int = 1
+    page_size: int = PAGE_SIZE
+    pending: bool | None = None  # worked out once with the groups; None: look at them
+
+    @property
+    def page_count(self) -> int:
+        """How many pages the matching groups fill (at least one)."""
+        return max(1, -(-len(self.groups) // self.page_size))
+
+    @property
+    def page_groups(self) -> list[FileGroup]:
+        """The groups shown on the current page."""
+        start = (self.page - 1) * self.page_size
+        return self.groups[start : start + self.page_size]
+
+    @property
+    def first_shown(self) -> int:
+        """1-based position of the page's first group among the matching ones (0 if none)."""
+        return (self.page - 1) * self.page_size + 1 if self.groups else 0
+
+    @property
+    def last_shown(self) -> int:
+        """1-based position of the page's last group among the matching ones."""
+        return min(self.page * self.page_size, len(self.groups))
 
     @property
     def shown_count(self) -> int:
@@ -87,6 +116,8 @@ class FileListing:
     @property
     def any_pending(self) -> bool:
         """Whether a conversion is still queued or running (the page then polls)."""
+        if self.pending is not None:
+            return self.pending
         return any(row.conversion_pending for group in self.groups for row in group.rows())
 
 
@@ -113,6 +144,26 @@ def _matches(group: FileGroup, query: str, kind: FileKind | None) -> bool:
     )
 
 
+def _others(names: list[str], name: str) -> tuple[str, ...]:
+    """The other files with the same content (almost always none)."""
+    if len(names) == 1:
+        return ()
+    return tuple(other for other in names if other != name)
+
+
+@dataclass(frozen=True)
+class _View:
+    """The records arranged for one filter and order, before paging."""
+
+    groups: list[FileGroup]
+    total_size: int
+    kinds: list[FileKind]
+    pending: bool
+
+
+_views: RecordCache[_View] = RecordCache(CACHED_VIEWS)
+
+
 def build_listing(
     records: Sequence[UploadRecord],
     *,
@@ -120,8 +171,41 @@ def build_listing(
     kind: FileKind | None = None,
     sort: SortKey = SortKey.NAME,
     descending: bool = False,
+    page: int = 1,
+    page_size: int = PAGE_SIZE,
 ) -> FileListing:
-    """Group companions under originals, mark duplicates, then filter and sort the groups."""
+    """Group companions under originals, mark duplicates, filter and sort the groups, and
+    pick the page to show (a page past the end shows the last one).
+
+    The arranged groups are kept per view (filter and order) while the records stay the
+    same objects (see files/record_cache.py), so paging through 10,000 files sorts them once.
+    """
+    needle = query.strip()
+    # the first record's identity tells threads apart; the cache checks them all anyway
+    key = (id(records[0]) if records else 0, needle, kind, sort, descending)
+    view = _views.get(key, records)
+    if view is None:
+        view = _arrange(records, needle, kind, sort, descending)
+        _views.put(key, records, view)
+    pages = max(1, -(-len(view.groups) // page_size))
+    return FileListing(
+        groups=view.groups,
+        total_count=len(records),
+        total_size=view.total_size,
+        kinds=view.kinds,
+        pending=view.pending,
+        page=min(max(page, 1), pages),
+        page_size=page_size,
+    )
+
+
+def _arrange(
+    records: Sequence[UploadRecord],
+    needle: str,
+    kind: FileKind | None,
+    sort: SortKey,
+    descending: bool,
+) -> _View:
     by_hash: dict[str, list[str]] = defaultdict(list)
     for record in records:
         by_hash[record.sha256].append(record.filename)
@@ -129,7 +213,7 @@ def build_listing(
         record.filename: FileRow(
             record,
             file_kind(record.filename, record.content_type),
-            tuple(name for name in by_hash[record.sha256] if name != record.filename),
+            _others(by_hash[record.sha256], record.filename),
         )
         for record in records
     }
@@ -139,16 +223,21 @@ def build_listing(
         if original is not None and original in rows and original != row.filename:
             companions[original].append(row)
     attached = {row.filename for group in companions.values() for row in group}
+    by_name = _SORT_KEYS[SortKey.NAME]
     groups = [
-        FileGroup(row, tuple(sorted(companions[name], key=_SORT_KEYS[SortKey.NAME])))
+        FileGroup(row, tuple(sorted(companions[name], key=by_name)) if name in companions else ())
         for name, row in rows.items()
         if name not in attached
     ]
-    shown = [group for group in groups if _matches(group, query.strip(), kind)]
+    shown = (
+        [group for group in groups if _matches(group, needle, kind)]
+        if needle or kind is not None
+        else groups
+    )
     shown.sort(key=lambda group: _SORT_KEYS[sort](group.row), reverse=descending)
-    return FileListing(
+    return _View(
         groups=shown,
-        total_count=len(records),
         total_size=sum(record.size for record in records),
         kinds=sorted({row.kind for row in rows.values()}, key=list(FileKind).index),
+        pending=any(row.conversion_pending for group in shown for row in group.rows()),
     )

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from pathlib import PurePosixPath
 
+from deerflow_web.concurrency import off_loop
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import Presentation
 from deerflow_web.services.files.markdown_render import ImageResolver
@@ -142,7 +143,8 @@ def build_preview(
         return replace(shown, kind=PreviewKind.SOURCE)
     if suffix in MARKDOWN_SUFFIXES or artifact.content_type == "text/markdown":
         folder = posixpath.dirname(user_data_path)
-        html = render_markdown(text, base_dir=folder, image_url=image_url)
+        # A megabyte of Markdown renders for a while: off the event loop (concurrency.py).
+        html = off_loop(render_markdown, text, base_dir=folder, image_url=image_url)
         return replace(shown, kind=PreviewKind.MARKDOWN, html=html)
     if suffix in JSON_SUFFIXES or artifact.content_type == "application/json":
         return _json_preview(shown)

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import regex
 
+from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
 from deerflow_web.errors import UploadNotFound
@@ -148,7 +149,9 @@ def _matches(compiled: regex.Pattern[str], line: str, deadline: float) -> bool:
     long line; the `regex` engine can stop a search at a deadline, which `re` cannot.
     """
     try:
-        return compiled.search(line, timeout=max(deadline - time.monotonic(), 0.001)) is not None
+        remaining = max(deadline - time.monotonic(), 0.001)
+        # concurrent: the engine lets other threads run while it searches.
+        return compiled.search(line, timeout=remaining, concurrent=True) is not None
     except TimeoutError as error:
         raise FileAccessError(
             f"The search was stopped after {GREP_SECONDS:g} s; use a simpler pattern "
@@ -381,6 +384,12 @@ class UserDataFiles:
         Raises:
             FileAccessError: An invalid or overlong pattern, a missing path.
         """
+        # Up to GREP_SECONDS of matching: off the event loop, so no other connection waits.
+        return off_loop(self._grep, pattern, virtual_path, file_glob, max_results)
+
+    def _grep(
+        self, pattern: str, virtual_path: str, file_glob: str | None, max_results: int
+    ) -> dict[str, Any]:
         if not pattern or len(pattern) > MAX_PATTERN_CHARS:
             raise FileAccessError(f"The pattern must have 1 to {MAX_PATTERN_CHARS} characters.")
         try:

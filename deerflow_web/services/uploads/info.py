@@ -9,6 +9,7 @@ listing of a thousand files must stay fast.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,13 @@ from urllib.parse import quote
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import artifact_url
+from deerflow_web.services.files.record_cache import RecordCache
+
+CACHED_LISTINGS = 32  # folders whose formatted listing each process keeps
+_URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote(name, safe="") leaves unchanged
+
+
+_listings: RecordCache[list[dict[str, Any]]] = RecordCache(CACHED_LISTINGS)
 
 
 def display_path(path: Path) -> str:
@@ -33,8 +41,11 @@ class UploadInfoFormatter:
     def __init__(self, thread_id: str, folder: Path) -> None:
         self._folder = display_path(folder) + os.sep
         self._url_prefix = artifact_url(thread_id, VIRTUAL_UPLOADS_DIR) + "/"
+        self._virtual_prefix = VIRTUAL_UPLOADS_DIR + "/"
 
     def _url(self, filename: str) -> str:
+        if _URL_SAFE.fullmatch(filename):
+            return self._url_prefix + filename
         return self._url_prefix + quote(filename, safe="")
 
     def __call__(
@@ -51,7 +62,7 @@ class UploadInfoFormatter:
             "filename": record.filename,
             "size": record.size,
             "path": self._folder + record.filename,
-            "virtual_path": record.virtual_path,
+            "virtual_path": self._virtual_prefix + record.filename,
             "artifact_url": self._url(record.filename),
             "extension": None if in_upload_response else record.extension,
             "modified": None if in_upload_response else record.modified,
@@ -76,6 +87,16 @@ class UploadInfoFormatter:
         return info
 
     def listing(self, records: Sequence[UploadRecord]) -> list[dict[str, Any]]:
-        """A whole folder, each original pointing at the companion converted from it."""
+        """A whole folder, each original pointing at the companion converted from it.
+
+        The result may be shared with other requests for the same unchanged folder:
+        serialise it, never modify it.
+        """
+        key = (self._url_prefix, self._folder)
+        cached = _listings.get(key, records)
+        if cached is not None:
+            return cached
         companions = {r.converted_from: r for r in records if r.converted_from is not None}
-        return [self(record, companion=companions.get(record.filename)) for record in records]
+        files = [self(record, companion=companions.get(record.filename)) for record in records]
+        _listings.put(key, records, files)
+        return files

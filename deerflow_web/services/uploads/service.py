@@ -12,6 +12,7 @@ import logging
 import os
 import stat
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from pathlib import PurePosixPath
 
+from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import FileTooLarge
 from deerflow_web.errors import InsufficientStorage
 from deerflow_web.errors import InvalidPath
@@ -59,6 +61,12 @@ logger = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1024 * 1024
 RECORDS_FILE = "uploads.sqlite3"
+# Drift checks (see `UploadService.list_uploads`): a folder whose own change time is this
+# recent is scanned anyway (a second change in the same timestamp tick would be invisible),
+# and a folder is scanned in full at least this often, for edits in place behind our back.
+SETTLED_SECONDS = 2.0
+RESCAN_SECONDS = 60.0
+VERIFIED_FOLDERS = 4096  # folders whose last clean scan each process remembers
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,15 @@ def _record_from_disk(
     )
 
 
+def _folder_signature(folder: Path) -> tuple[int, int, int] | None:
+    """What changes when a name in the folder is added, removed or renamed; None if absent."""
+    try:
+        info = folder.stat()
+    except OSError:
+        return None
+    return (info.st_ino, max(info.st_mtime_ns, info.st_ctime_ns), info.st_mtime_ns)
+
+
 def _in_sync(on_disk: dict[str, FileFacts], stored: list[StoredRecord]) -> bool:
     return len(on_disk) == len(stored) and all(
         on_disk.get(s.record.filename) == (s.record.size, s.mtime_ns, s.inode) for s in stored
@@ -220,6 +237,8 @@ class UploadService:
         self.records = records
         self.limits = limits
         self._clock = clock
+        # scope -> (folder signature, monotonic time) of the last scan that matched records
+        self._verified: OrderedDict[str, tuple[tuple[int, int, int], float]] = OrderedDict()
 
     def uploads_dir(self, thread_id: str, user_id: str | None = None) -> Path:
         """The thread's uploads folder (validated id, not created)."""
@@ -301,28 +320,55 @@ class UploadService:
     def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
         """The thread's records in code-point name order, reconciled with the folder first.
 
-        A file added or removed behind the app's back is picked up here, so the answer
-        always matches the directory.
+        A file added, removed or renamed behind the app's back changes the folder's own
+        mtime/ctime, so the folder is scanned (one `stat` per file) only when that signature
+        differs from the one seen at the last scan that matched the records, when it is too
+        recent to trust, or once every `RESCAN_SECONDS`; otherwise the records are the answer
+        as they stand. Every change the app makes goes through a rename or unlink in the
+        folder, so it moves the signature too. An edit in place behind the app's back (same
+        name, new bytes, the folder untouched) is noticed at the next change of the folder
+        or the next periodic scan, whichever comes first.
         """
         folder = self.uploads_dir(thread_id, user_id)
         scope = self.paths.scope(thread_id, user_id)
+        signature = _folder_signature(folder)
+        now = time.monotonic()
+        verified = self._verified.get(scope)
+        if (
+            signature is not None
+            and verified is not None
+            and verified[0] == signature
+            and now - verified[1] < RESCAN_SECONDS
+        ):
+            return [s.record for s in self.records.all(scope)]
         on_disk = scan_regular_files(folder)
         stored = self.records.all(scope)
         if _in_sync(on_disk, stored):
-            return [s.record for s in stored]
-        return self._reconcile(scope, folder, on_disk, stored)
+            records = [s.record for s in stored]
+        else:
+            records = self._reconcile(scope, folder, on_disk, stored)
+        self._remember_scan(scope, signature, now)
+        return records
+
+    def _remember_scan(
+        self, scope: str, signature: tuple[int, int, int] | None, started: float
+    ) -> None:
+        """Trust `signature` (taken before the scan) once it is older than a timestamp tick."""
+        if signature is None or time.time_ns() - signature[1] < SETTLED_SECONDS * 1e9:
+            self._verified.pop(scope, None)
+            return
+        self._verified[scope] = (signature, started)
+        self._verified.move_to_end(scope)
+        while len(self._verified) > VERIFIED_FOLDERS:
+            self._verified.popitem(last=False)
 
     def _reconcile(
         self, scope: str, folder: Path, on_disk: dict[str, FileFacts], stored: list[StoredRecord]
     ) -> list[UploadRecord]:
         known = {s.record.filename: FileFacts(s.record.size, s.mtime_ns, s.inode) for s in stored}
-        hashed: dict[str, tuple[FileFacts, str, str]] = {}
-        for name, facts in on_disk.items():
-            if known.get(name) != facts:
-                try:  # hashed outside the lock: a large file must not stall other writers
-                    hashed[name] = (facts, *hash_and_sniff(folder / name))
-                except OSError:
-                    continue
+        # Hashed outside the lock (a large file must not stall other writers) and off the
+        # event loop (a large file must not stall other connections).
+        hashed = off_loop(_hash_changed, folder, on_disk, known)
         with self.records.locked(scope) as txn:
             current = scan_regular_files(folder)
             for s in txn.all():
@@ -452,6 +498,20 @@ class UploadService:
             raise UploadNotFound(filename) from error
         if not stat.S_ISREG(info.st_mode):
             raise UploadNotFound(filename)
+
+
+def _hash_changed(
+    folder: Path, on_disk: dict[str, FileFacts], known: dict[str, FileFacts]
+) -> dict[str, tuple[FileFacts, str, str]]:
+    """SHA-256 and content type of the files whose facts differ from their records."""
+    hashed: dict[str, tuple[FileFacts, str, str]] = {}
+    for name, facts in on_disk.items():
+        if known.get(name) != facts:
+            try:
+                hashed[name] = (facts, *hash_and_sniff(folder / name))
+            except OSError:
+                continue  # removed or unreadable meanwhile; the next listing looks again
+    return hashed
 
 
 def _is_companion_of(record: UploadRecord, original: str) -> bool:

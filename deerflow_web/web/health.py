@@ -1,0 +1,39 @@
+"""`/healthz` and `/readyz` for load balancers and process supervisors (SPEC D20).
+
+Both are public and answer JSON whatever the client asks for: a probe has no session and
+no language. `/healthz` only says the process serves requests; `/readyz` also checks the
+records database and the data dir, and answers 503 naming what failed.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint
+from flask.typing import ResponseReturnValue
+
+from deerflow_web.services.health import check_readiness
+from deerflow_web.web.wiring import get_upload_service
+
+bp = Blueprint("health", __name__)
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+@bp.get("/healthz")
+def healthz() -> ResponseReturnValue:
+    """The process is up and answering."""
+    return {"status": "ok"}, 200, NO_STORE
+
+
+@bp.get("/readyz")
+def readyz() -> ResponseReturnValue:
+    """Ready when the records database answers and the data dir takes a file."""
+    service = get_upload_service()
+    readiness = check_readiness(service.records.ping, service.paths.base_dir)
+    body: dict[str, str] = {
+        "status": "ok" if readiness.ready else "unavailable",
+        "database": readiness.database,
+        "storage": readiness.storage,
+    }
+    if not readiness.ready:
+        body["detail"] = "; ".join(readiness.problems)
+    return body, 200 if readiness.ready else 503, NO_STORE

@@ -1,0 +1,392 @@
+"""Health endpoints, the drift check that does not stat every file, pagination, bounded
+buffers and CPU-bound work moved off gevent's loop (speed is measured in bench/)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from deerflow_web.concurrency import off_loop
+from deerflow_web.services.uploads import service as uploads_module
+from deerflow_web.settings import load_settings
+from deerflow_web.web.multipart import LargeBuffers
+from tests.conftest import UploadActions
+from tests.conftest import uploads_dir
+
+# --- /healthz and /readyz ------------------------------------------------------------
+
+
+def test_healthz(client: FlaskClient) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.get_json() == {"status": "ok"}
+    assert response.headers["Cache-Control"] == "no-store"
+
+
+def test_readyz_when_all_is_well(client: FlaskClient, base_dir: Path) -> None:
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.get_json() == {"status": "ok", "database": "ok", "storage": "ok"}
+    assert not [name for name in os.listdir(base_dir) if name.startswith(".readyz-")]
+
+
+def test_readyz_names_a_data_dir_that_cannot_take_a_file(
+    client: FlaskClient, base_dir: Path
+) -> None:
+    client.get("/readyz")
+    shutil.rmtree(base_dir)
+    base_dir.write_text("the volume is gone and a file sits in its place")
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.get_json()
+    assert body["status"] == "unavailable"
+    assert body["storage"] == "failed"
+    assert body["detail"].startswith("storage: data dir is not writable")
+
+
+def test_readyz_names_an_unreachable_database(app: Flask, client: FlaskClient) -> None:
+    records = app.extensions["deerflow_web"].uploads.records
+    records.close()
+    records.db_path.unlink()
+    records.db_path.mkdir()  # SQLite cannot open a directory
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.get_json()
+    assert body["database"] == "failed"
+    assert body["storage"] == "ok"
+    assert "database: records database unreachable" in body["detail"]
+
+
+def test_health_endpoints_need_no_session_and_ignore_language(client: FlaskClient) -> None:
+    response = client.get("/readyz", headers={"Accept-Language": "zh", "Accept": "text/html"})
+    assert response.is_json
+
+
+def test_idle_timeout_setting(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("server:\n  idle_timeout_seconds: 15\n")
+    assert load_settings(tmp_path, config_path=config).idle_timeout_seconds == 15.0
+    config.write_text("server:\n  idle_timeout_seconds: -3\n")
+    assert load_settings(tmp_path, config_path=config).idle_timeout_seconds == 60.0
+    assert load_settings(tmp_path).idle_timeout_seconds == 60.0
+
+
+# --- drift checks without a stat per file --------------------------------------------
+
+
+@pytest.fixture
+def counted_scans(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every full folder scan the upload service makes; folders count as settled at once."""
+    scans: list[Path] = []
+    real = uploads_module.scan_regular_files
+
+    def counting(folder: Path) -> dict:
+        scans.append(folder)
+        return real(folder)
+
+    monkeypatch.setattr(uploads_module, "scan_regular_files", counting)
+    monkeypatch.setattr(uploads_module, "SETTLED_SECONDS", 0.0)
+    return scans
+
+
+def test_an_unchanged_folder_is_not_scanned_again(
+    uploads: UploadActions, counted_scans: list[Path]
+) -> None:
+    uploads.upload("T", (b"a", "a.txt"), (b"b", "b.txt"))
+    assert uploads.names("T") == ["a.txt", "b.txt"]
+    scans = len(counted_scans)
+    for _ in range(3):
+        assert uploads.names("T") == ["a.txt", "b.txt"]
+    assert len(counted_scans) == scans
+
+
+def test_files_added_or_removed_behind_the_apps_back_are_noticed_at_once(
+    uploads: UploadActions, base_dir: Path, counted_scans: list[Path]
+) -> None:
+    uploads.upload("T", (b"a", "a.txt"), (b"b", "b.txt"))
+    uploads.names("T")
+    folder = uploads_dir(base_dir, "T")
+    (folder / "added.txt").write_bytes(b"new")
+    assert uploads.names("T") == ["a.txt", "added.txt", "b.txt"]
+    (folder / "a.txt").unlink()
+    assert uploads.names("T") == ["added.txt", "b.txt"]
+    os.rename(folder / "b.txt", folder / "c.txt")
+    assert uploads.names("T") == ["added.txt", "c.txt"]
+
+
+def test_an_edit_in_place_is_noticed_by_the_periodic_scan(
+    uploads: UploadActions, base_dir: Path, counted_scans: list[Path], monkeypatch
+) -> None:
+    uploads.upload("T", (b"short", "a.txt"))
+    uploads.names("T")
+    (uploads_dir(base_dir, "T") / "a.txt").write_bytes(b"edited in place, longer")
+    stale = uploads.list("T")["files"][0]
+    assert stale["size"] == len(b"short")  # the folder itself did not change
+    monkeypatch.setattr(uploads_module, "RESCAN_SECONDS", 0.0)
+    assert uploads.list("T")["files"][0]["size"] == len(b"edited in place, longer")
+
+
+def test_a_recently_changed_folder_is_always_scanned(
+    uploads: UploadActions, base_dir: Path, monkeypatch
+) -> None:
+    """Within SETTLED_SECONDS of a change the folder's timestamps cannot be trusted."""
+    monkeypatch.setattr(uploads_module, "SETTLED_SECONDS", 3600.0)
+    uploads.upload("T", (b"short", "a.txt"))
+    uploads.names("T")
+    (uploads_dir(base_dir, "T") / "a.txt").write_bytes(b"edited in place, longer")
+    assert uploads.list("T")["files"][0]["size"] == len(b"edited in place, longer")
+
+
+def test_a_deleted_thread_folder_empties_the_list(
+    uploads: UploadActions, base_dir: Path, counted_scans: list[Path]
+) -> None:
+    uploads.upload("T", (b"a", "a.txt"))
+    uploads.names("T")
+    shutil.rmtree(uploads_dir(base_dir, "T"))
+    assert uploads.names("T") == []
+
+
+def test_the_cached_listing_follows_every_change(uploads: UploadActions) -> None:
+    uploads.upload("T", (b"a", "a.txt"))
+    first = uploads.list("T")
+    assert first == uploads.list("T")
+    uploads.upload("T", (b"b", "a.txt"))  # replaced: same name, new content
+    assert uploads.list("T")["files"][0]["size"] == 1
+    assert uploads.list("T")["files"][0]["sha256"] != first["files"][0]["sha256"]
+    uploads.upload("U", (b"a", "a.txt"))  # same records shape in another thread
+    assert uploads.list("U")["files"][0]["artifact_url"].startswith("/api/threads/U/")
+
+
+# --- the thread page, one page at a time ---------------------------------------------
+
+
+def _rows(html: str) -> int:
+    return html.count('class="file-row')
+
+
+def test_a_large_thread_page_shows_one_page_with_a_pager(
+    client: FlaskClient, base_dir: Path
+) -> None:
+    folder = uploads_dir(base_dir, "T")
+    folder.mkdir(parents=True)
+    for number in range(250):
+        (folder / f"f{number:03d}.txt").write_bytes(b"%d" % number)
+    first = client.get("/threads/T").get_data(as_text=True)
+    assert _rows(first) == 100
+    assert "f000.txt" in first and "f100.txt" not in first
+    assert "Page 1 of 3" in first and 'rel="next"' in first and 'rel="prev"' not in first
+    last = client.get("/threads/T?page=3").get_data(as_text=True)
+    assert _rows(last) == 50
+    assert "f249.txt" in last and 'rel="prev"' in last and 'rel="next"' not in last
+    assert "Showing 201-250 of 250" in last
+    beyond = client.get("/threads/T?page=99").get_data(as_text=True)
+    assert "Page 3 of 3" in beyond
+    for odd in ("0", "-2", "x", ""):
+        assert "Page 1 of 3" in client.get(f"/threads/T?page={odd}").get_data(as_text=True)
+
+
+def test_sorting_keeps_the_filter_and_starts_at_page_one(
+    client: FlaskClient, base_dir: Path
+) -> None:
+    folder = uploads_dir(base_dir, "T")
+    folder.mkdir(parents=True)
+    for number in range(150):
+        (folder / f"f{number:03d}.txt").write_bytes(b"x" * number)  # all sizes differ
+    page = client.get("/threads/T?page=2&sort=size&order=desc").get_data(as_text=True)
+    assert _rows(page) == 50
+    assert "f049.txt" in page and "f050.txt" not in page
+    assert "page=2" not in page.split('id="files-table"')[1].split("</thead>")[0]
+    filtered = client.get("/threads/T?q=f14").get_data(as_text=True)
+    assert _rows(filtered) == 10 and 'class="pager"' not in filtered
+
+
+def test_a_small_thread_has_no_pager(client: FlaskClient, uploads: UploadActions) -> None:
+    uploads.upload("T", (b"a", "a.txt"))
+    assert 'class="pager"' not in client.get("/threads/T").get_data(as_text=True)
+
+
+# --- bounded read buffers ------------------------------------------------------------
+
+
+def test_large_buffers_are_bounded_and_come_back_with_their_buffer() -> None:
+    pool = LargeBuffers(2)
+    first, second = pool.take(), pool.take()
+    assert first is not None and second is not None and len(first) == 1024 * 1024
+    assert pool.take() is None
+    view = memoryview(first)[:10]
+    del first
+    assert pool.free == 0  # a view still points into it
+    del view
+    assert pool.free == 1
+    del second
+    assert pool.free == 2
+
+
+# --- CPU-bound work and gevent -------------------------------------------------------
+
+
+def test_off_loop_runs_in_place_without_gevent() -> None:
+    import threading
+
+    assert off_loop(threading.get_ident) == threading.get_ident()
+    with pytest.raises(ZeroDivisionError):
+        off_loop(lambda: 1 / 0)
+
+
+GEVENT_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import contextvars, json, sys, threading, time
+    import gevent
+    from deerflow_web.concurrency import off_loop, pause
+
+    ticks = []
+    def ticker():
+        while True:
+            ticks.append(time.monotonic())
+            gevent.sleep(0.01)
+
+    def spin(seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(range(1000))
+        return threading.get_ident()
+
+    var = contextvars.ContextVar("var")
+    var.set("caller")
+    tick = gevent.spawn(ticker)
+    gevent.sleep(0.05)
+    before = len(ticks)
+    worker = off_loop(spin, 1.0)
+    during = len(ticks) - before
+    try:
+        off_loop(lambda: 1 / 0)
+        raised = False
+    except ZeroDivisionError:
+        raised = True
+    before = len(ticks)
+    spin(0.5)  # the same work in place: the loop stands still
+    frozen = len(ticks) - before
+    print(json.dumps({
+        "other_thread": worker != threading.get_ident(),
+        "during": during, "frozen": frozen, "raised": raised,
+        "context": off_loop(var.get),
+    }))
+    """
+)
+
+
+def test_off_loop_keeps_gevents_loop_running() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", GEVENT_SCRIPT], capture_output=True, text=True, check=True
+    )
+    import json
+
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["other_thread"] and outcome["raised"]
+    assert outcome["context"] == "caller"
+    assert outcome["frozen"] <= 1  # in place, no other greenlet ran
+    assert outcome["during"] >= 5  # off the loop, the ticker kept ticking
+
+
+SENDFILE_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import os, socket, tempfile, gevent
+    import deerflow_web.web.server as server
+
+    calls = []
+    real = os.sendfile
+    def spy(*args):
+        calls.append(args[3])
+        return real(*args)
+    server.os.sendfile = spy
+
+    sender, receiver = socket.socketpair()
+    sender.__class__ = server._SendfileSocket
+    data = os.urandom(3_000_000)
+    with tempfile.TemporaryFile() as handle:
+        handle.write(data)
+        handle.flush()
+        reader = gevent.spawn(lambda: b"".join(iter(lambda: receiver.recv(65536), b"")))
+        sent = sender.sendfile(handle, 1000, 2_000_000)
+        position = handle.tell()
+        sender.close()
+        got = reader.get()
+    print(sent == 2_000_000, got == data[1000:2_001_000], position == 2_001_000, len(calls) > 0)
+    """
+)
+
+
+def test_the_workers_sockets_send_files_with_the_kernels_sendfile() -> None:
+    """gevent's own sockets copy a download through Python; the worker's use os.sendfile,
+    waiting on the loop whenever the socket is full (the reader here is a greenlet)."""
+    result = subprocess.run(
+        [sys.executable, "-c", SENDFILE_SCRIPT], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["True", "True", "True", "True"]
+
+
+LOCK_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, sqlite3, subprocess, sys, time
+    import gevent
+    from pathlib import Path
+    from deerflow_web.storage.records import SQLiteUploadRecords
+
+    path = Path(sys.argv[1])
+    records = SQLiteUploadRecords(path)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(1.0); "
+        "db.execute('COMMIT')"), str(path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    ticks = []
+    def ticker():
+        while True:
+            ticks.append(1)
+            gevent.sleep(0.01)
+    gevent.spawn(ticker)
+    started = time.monotonic()
+    with records.locked("T") as txn:
+        waited = time.monotonic() - started
+        txn.delete("nothing")
+    holder.wait()
+    print(json.dumps({"waited": waited, "ticks": len(ticks)}))
+    """
+)
+
+
+def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path: Path) -> None:
+    """SQLite's busy handler would sleep in C and freeze every greenlet of the process."""
+    result = subprocess.run(
+        [sys.executable, "-c", LOCK_SCRIPT, str(tmp_path / "records.sqlite3")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    import json
+
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["waited"] > 0.3  # it did wait for the other process
+    assert outcome["ticks"] >= 10  # and the other greenlet ran meanwhile
+
+
+def test_health_probes_answer_whatever_host_they_name(client: FlaskClient) -> None:
+    """A load balancer probes by the instance's address, which is no allowed host."""
+    probe = {"Host": "10.1.2.3:2026"}
+    assert client.get("/healthz", headers=probe).status_code == 200
+    assert client.get("/readyz", headers=probe).status_code == 200
+    assert client.get("/api/threads/T/uploads/list", headers=probe).status_code == 400
