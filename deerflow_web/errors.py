@@ -210,3 +210,68 @@ class StorageFailure(DeerFlowError):
 class FileAccessError(DeerFlowError):
     """A file request the model can correct (missing, binary, outside, malformed); the
     agent tools hand its message back to the model instead of failing the run."""
+
+
+class ResumableError(UploadError):
+    """Base class for refusals of the resumable (tus) upload protocol (SPEC 8)."""
+
+
+class TusVersionMissing(ResumableError):
+    """The request does not say it speaks tus 1.0.0."""
+
+    def __init__(self) -> None:
+        super().__init__("Tus-Resumable: 1.0.0 is required")
+
+
+class InvalidTusRequest(ResumableError):
+    """A tus header is missing or malformed."""
+
+
+class UnsupportedChunkType(ResumableError):
+    """A PATCH whose body is not `application/offset+octet-stream`."""
+
+    def __init__(self) -> None:
+        super().__init__("Content-Type must be application/offset+octet-stream")
+
+
+class OffsetMismatch(ResumableError):
+    """The client's Upload-Offset is not where the upload stands."""
+
+    def __init__(self, expected: int, given: int) -> None:
+        super().__init__(f"Upload-Offset is {given}, but the upload is at {expected}")
+        self.expected = expected
+
+
+class UploadBusy(ResumableError):
+    """Another request is writing to the same upload right now."""
+
+    def __init__(self) -> None:
+        super().__init__("Another request is writing to this upload; try again shortly")
+
+
+class ChecksumMismatch(ResumableError):
+    """The chunk's bytes do not match its Upload-Checksum; the chunk was discarded."""
+
+    def __init__(self, algorithm: str) -> None:
+        super().__init__(f"The {algorithm} checksum of the chunk does not match; it was discarded")
+
+
+class PastUploadLength(ResumableError):
+    """A chunk would take the upload past its declared Upload-Length."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(f"The chunk goes past Upload-Length ({length} bytes); it was discarded")
+
+
+class ResumableNotFound(ResumableError):
+    """No such upload in progress: unknown, finished, terminated or someone else's."""
+
+    def __init__(self) -> None:
+        super().__init__("Upload not found")
+
+
+class ResumableExpired(ResumableError):
+    """The upload was not finished before its expiry and has been removed."""
+
+    def __init__(self) -> None:
+        super().__init__("Upload expired")

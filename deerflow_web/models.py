@@ -9,6 +9,7 @@ import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 from typing import TypeVar
 
@@ -186,3 +187,26 @@ class UploadRecord:
     def convertible(self) -> bool:
         """Whether markitdown can turn this file into a Markdown companion."""
         return self.extension.lower() in CONVERTIBLE_EXTENSIONS
+
+
+@dataclass(frozen=True)
+class ResumableUpload:
+    """One unfinished resumable (tus) upload: where it goes and how far it has got.
+
+    `offset` is the count of bytes confirmed on disk; `pending_from` is set while a
+    checksummed chunk is being written after it, so a request killed before the checksum
+    was compared leaves bytes that are cut off again instead of trusted.
+    """
+
+    upload_id: str
+    thread_id: str
+    user_id: str | None
+    filename: str
+    on_conflict: str
+    metadata: str  # the client's Upload-Metadata header, returned as it came
+    length: int
+    offset: int
+    created_at: float
+    expires_at: float
+    staging_path: Path
+    pending_from: int | None = None

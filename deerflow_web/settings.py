@@ -55,12 +55,32 @@ class AgentSettings:
 
 
 @dataclass(frozen=True)
+class ResumableSettings:
+    """Resumable (tus) uploads: how long an unfinished one is kept, and from which size
+    the file manager sends a file that way."""
+
+    expiry_hours: float = 24.0
+    threshold_bytes: int = 8 * 1024 * 1024
+
+    @classmethod
+    def from_mapping(cls, uploads: Mapping[str, Any]) -> ResumableSettings:
+        """Read `uploads.resumable_*`; invalid values fall back with a warning."""
+        return cls(
+            expiry_hours=positive_setting(uploads, "resumable_expiry_hours", cls.expiry_hours),
+            threshold_bytes=positive_setting(
+                uploads, "resumable_threshold_bytes", cls.threshold_bytes
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the app and the agent side need to know about the installation."""
 
     base_dir: Path
     limits: UploadLimits = field(default_factory=UploadLimits)
     conversion: ConversionSettings = field(default_factory=ConversionSettings)
+    resumable: ResumableSettings = field(default_factory=ResumableSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
@@ -250,6 +270,7 @@ def load_settings(
         conversion=conversion_from_mapping(
             uploads, _section(config, "conversion"), max_file_size=limits.max_file_size
         ),
+        resumable=ResumableSettings.from_mapping(uploads),
         agent=agent_from_mapping(_section(config, "agent")),
         allowed_origins=tuple(o.strip().rstrip("/").lower() for o in origins),
         allowed_hosts=allowed_hosts_from(server, env),

@@ -5,14 +5,18 @@
  * progress events drive the bars. The limits are the server's own (GET .../uploads/limits)
  * and are checked in selection order as DeerFlow's client does (SPEC 2.7), so a file that
  * would be refused is explained before a single byte is sent. The server stays the judge:
- * naming, numbering and storage rules are never re-implemented here.
+ * naming, numbering and storage rules are never re-implemented here. Files above the
+ * resumable threshold go through resumable.js (tus) one by one instead, each its own upload,
+ * so the per-request count and total limits do not apply to them.
  */
 import { csrfToken, detailOf, formatSize, showDialog, t } from "./common.js";
 import { refreshList } from "./files.js";
+import { resumableUploads } from "./resumable.js";
 
 function init() {
   var root = document.getElementById("file-manager");
   var form = document.getElementById("upload-form");
+  var resumable = resumableUploads(root);
   if (!root || !form) {
     return;
   }
@@ -30,7 +34,7 @@ function init() {
   var status = document.getElementById("upload-status");
   var conflictField = document.getElementById("conflict-field");
 
-  var pending = []; // {file, problem, item, bar}
+  var pending = []; // {file, problem, item, bar, cancel}
   var limits = null;
   var busy = false;
   var currentRequest = null;
@@ -61,6 +65,10 @@ function init() {
     return /\.app$/i.test(file.name) && (!file.type || file.type === "application/octet-stream");
   }
 
+  function isResumable(entry) {
+    return resumable !== null && resumable.wants(entry.file);
+  }
+
   function addFiles(fileList) {
     if (busy) {
       return;
@@ -87,6 +95,8 @@ function init() {
           size: formatSize(file.size),
           max: formatSize(limits.max_file_size),
         });
+      } else if (isResumable(entry)) {
+        return; // its own upload: the per-request limits do not apply
       } else if (limits && count >= limits.max_files) {
         entry.problem = t("limitCount", { name: file.name, max: limits.max_files });
       } else if (limits && total + file.size > limits.max_total_size) {
@@ -172,6 +182,9 @@ function init() {
       item.appendChild(problem);
       entry.item = item;
       entry.bar = bar;
+      if (isResumable(entry)) {
+        resumable.decorate(entry);
+      }
       queue.appendChild(item);
     });
     check();
@@ -344,9 +357,31 @@ function init() {
     });
   }
 
+  /** Send one large file through tus; its bar and the total follow the server's offset. */
+  function sendResumable(entry, onConflict, before, grandTotal) {
+    currentRequest = entry;
+    return resumable
+      .send(entry, onConflict, function (sent) {
+        entry.bar.value = sent;
+        showTotal(before + sent, grandTotal);
+      })
+      .then(
+        function () {
+          currentRequest = null;
+          entry.item.classList.add("done");
+        },
+        function (error) {
+          currentRequest = null;
+          throw error;
+        }
+      );
+  }
+
   cancelButton.addEventListener("click", function () {
     cancelled = true;
-    if (currentRequest) {
+    if (currentRequest && currentRequest.cancel) {
+      currentRequest.cancel();
+    } else if (currentRequest) {
       currentRequest.abort();
     }
   });
@@ -377,10 +412,13 @@ function init() {
         var replaceBatch = [];
         var renameBatch = [];
         var skipped = [];
+        var large = [];
         pending.forEach(function (entry) {
           var choice = choices.get(entry) || "replace";
           if (choice === "skip") {
             skipped.push(entry);
+          } else if (isResumable(entry)) {
+            large.push([entry, choice]);
           } else if (choice === "rename") {
             renameBatch.push(entry);
           } else {
@@ -390,7 +428,7 @@ function init() {
         return upload([
           [replaceBatch, "replace"],
           [renameBatch, "rename"],
-        ], skipped);
+        ], skipped, large);
       })
       .catch(function (error) {
         setBusy(false);
@@ -398,7 +436,7 @@ function init() {
       });
   }
 
-  function upload(batches, skipped) {
+  function upload(batches, skipped, large) {
     var batchesToSend = batches.filter(function (batch) {
       return batch[0].length > 0;
     });
@@ -410,9 +448,14 @@ function init() {
         }, 0)
       );
     }, 0);
-    var count = batchesToSend.reduce(function (sum, batch) {
-      return sum + batch[0].length;
+    grandTotal += large.reduce(function (sum, pair) {
+      return sum + pair[0].file.size;
     }, 0);
+    var count =
+      large.length +
+      batchesToSend.reduce(function (sum, batch) {
+        return sum + batch[0].length;
+      }, 0);
     var stored = 0;
     var serverSkipped = [];
     var before = 0;
@@ -434,6 +477,17 @@ function init() {
           }, 0);
           stored += (body.files || []).length;
           serverSkipped = serverSkipped.concat(body.skipped_files || []);
+        });
+      });
+    });
+    large.forEach(function (pair) {
+      chain = chain.then(function () {
+        if (cancelled) {
+          throw new Error("cancelled");
+        }
+        return sendResumable(pair[0], pair[1], before, grandTotal).then(function () {
+          before += pair[0].file.size;
+          stored += 1;
         });
       });
     });

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
@@ -198,8 +199,14 @@ def hash_and_sniff(path: Path) -> tuple[str, str]:
     return digest.hexdigest(), sniff_content_type(head, path.name)
 
 
-def sweep_staging_files(upload_dirs: Iterable[Path]) -> int:
-    """Remove staging files a killed upload left behind; return how many went (SPEC 1.7)."""
+def sweep_staging_files(
+    upload_dirs: Iterable[Path], keep: Callable[[Path], bool] = lambda _: False
+) -> int:
+    """Remove staging files a killed upload left behind; return how many went (SPEC 1.7).
+
+    `keep` spares the staging files of resumable uploads, which wait unlocked between
+    their requests; it is asked only about files no live process holds.
+    """
     removed = 0
     for folder in upload_dirs:
         try:
@@ -209,8 +216,8 @@ def sweep_staging_files(upload_dirs: Iterable[Path]) -> int:
         for entry in entries:
             if not is_staging_name(entry.name) or not entry.is_file(follow_symlinks=False):
                 continue
-            if not _is_abandoned(entry.path):
-                continue  # an upload in progress in another process
+            if not _is_abandoned(entry.path) or keep(Path(entry.path)):
+                continue  # an upload in progress in another process, or a resumable one
             try:
                 os.unlink(entry.path)
                 removed += 1

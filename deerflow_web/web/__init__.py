@@ -69,8 +69,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web import chat
     from deerflow_web.web import health
     from deerflow_web.web import pages
+    from deerflow_web.web import tus
 
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
+    csrf.exempt(tus.bp)  # nested in the API; Flask-WTF looks each blueprint up by itself
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(chat.bp)

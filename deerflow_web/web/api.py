@@ -20,6 +20,7 @@ from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web import tus
 from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.uploads import receive_uploads
@@ -28,6 +29,9 @@ from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("api", __name__, url_prefix="/api")
+# The resumable (tus) routes live under /api as a nested blueprint, so every check of this
+# blueprint (the origin check below, and whatever guards the API) covers them too.
+bp.register_blueprint(tus.bp)
 
 
 class VirtualPathConverter(PathConverter):

@@ -16,6 +16,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import ArtifactPrefixError
+from deerflow_web.errors import ChecksumMismatch
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import ConversionError
 from deerflow_web.errors import ConversionQueueFull
@@ -26,18 +27,26 @@ from deerflow_web.errors import InsufficientStorage
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import InvalidOption
 from deerflow_web.errors import InvalidPath
+from deerflow_web.errors import InvalidTusRequest
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import NameConflict
 from deerflow_web.errors import NoFilesProvided
 from deerflow_web.errors import NotAFile
 from deerflow_web.errors import NotConvertible
+from deerflow_web.errors import OffsetMismatch
+from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import PathTraversal
 from deerflow_web.errors import RequestTimedOut
+from deerflow_web.errors import ResumableExpired
+from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import StorageFailure
 from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
+from deerflow_web.errors import TusVersionMissing
 from deerflow_web.errors import UnsafeFilename
+from deerflow_web.errors import UnsupportedChunkType
+from deerflow_web.errors import UploadBusy
 from deerflow_web.errors import UploadNotFound
 
 logger = logging.getLogger(__name__)
@@ -67,6 +76,16 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     ConfigError: 503,
     ConversionTimedOut: 504,
     InsufficientStorage: 507,
+    # tus 1.0.0 (SPEC 8)
+    InvalidTusRequest: 400,
+    PastUploadLength: 400,
+    ResumableNotFound: 404,
+    OffsetMismatch: 409,
+    UploadBusy: 409,
+    ResumableExpired: 410,
+    TusVersionMissing: 412,
+    UnsupportedChunkType: 415,
+    ChecksumMismatch: 460,
 }
 
 

@@ -120,6 +120,7 @@ def thread_files(thread_id: str) -> str:
         query=query,
         sort_keys=list(SortKey),
         limits=service.limits,
+        resumable_threshold=get_services().settings.resumable.threshold_bytes,
         upload_form=UploadForm(),
         delete_form=DeleteForm(),
         rename_form=RenameForm(),

@@ -15,6 +15,8 @@ from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.tool_preview import ToolPreviewService
 from deerflow_web.services.uploads.intake import UploadIntake
+from deerflow_web.services.uploads.resumable import ResumableUploadService
+from deerflow_web.services.uploads.resumable import make_resumable_service
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
@@ -35,6 +37,9 @@ class Services:
         self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
         self.tool_previews = ToolPreviewService(
             self.conversions, settings.agent.read_conversion_wait_seconds
+        )
+        self.resumable: ResumableUploadService = make_resumable_service(
+            self.intake, expiry_hours=settings.resumable.expiry_hours
         )
 
 
@@ -65,7 +70,10 @@ def persistent_secret_key(base_dir: Path) -> str:
 def init_app(app: Flask, settings: Settings) -> None:
     """Attach the services and clear what a killed server left half-written."""
     services = Services(settings)
-    sweep_staging_files(services.uploads.paths.iter_uploads_dirs())
+    services.resumable.sweep_expired()
+    sweep_staging_files(
+        services.uploads.paths.iter_uploads_dirs(), keep=services.resumable.is_live_staging
+    )
     services.conversions.fail_interrupted_jobs()
     app.extensions[EXTENSION_KEY] = services
 

@@ -1,7 +1,8 @@
 """Where every upload lands: the files are saved, then converted when the settings say so.
 
-The JSON API, the file manager's form and the chat preview's form all hand their files
-here, so `auto_convert_documents` applies the same way whichever page or client sent them.
+The JSON API, the file manager's form, the chat preview's form and finished resumable
+uploads all hand their files here, so `auto_convert_documents` applies the same way
+whichever page or client sent them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.uploads.service import Staging
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
 
@@ -44,6 +46,31 @@ class UploadIntake:
         """Save `files` (all or nothing, see `UploadService.save_uploads`), then convert."""
         result = self.uploads.save_uploads(
             thread_id, files, on_conflict=on_conflict, user_id=user_id
+        )
+        companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
+        return AcceptedUploads(result, companions)
+
+    def accept_staged(
+        self,
+        thread_id: str,
+        name: str,
+        staging: Staging,
+        *,
+        sha256: str,
+        content_type: str,
+        on_conflict: OnConflict,
+        user_id: str | None = None,
+    ) -> AcceptedUploads:
+        """Commit a file staged elsewhere (a finished resumable upload) exactly as a
+        multipart part (see `UploadService.commit_staged`), then convert."""
+        result = self.uploads.commit_staged(
+            thread_id,
+            name,
+            staging,
+            sha256=sha256,
+            content_type=content_type,
+            on_conflict=on_conflict,
+            user_id=user_id,
         )
         companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
         return AcceptedUploads(result, companions)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from dataclasses import replace
 from pathlib import Path
 from pathlib import PurePosixPath
+from typing import Protocol
 
 from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import FileTooLarge
@@ -98,11 +99,20 @@ class UploadResult:
         return text
 
 
+class Staging(Protocol):
+    """A staging file the commit renames into place: a multipart part's or a tus upload's."""
+
+    path: Path
+
+    def close(self) -> None: ...
+    def discard(self) -> None: ...
+
+
 @dataclass
 class _Staged:
     name: str
     original_filename: str | None
-    staging: StagingFile
+    staging: Staging
     sha256: str = ""
     content_type: str = ""
 
@@ -133,9 +143,38 @@ class _UploadBatch:
         except UnsafeFilename as error:
             logger.info("skipping upload %r: %s", incoming.filename, error)
             return
+        claimed = self.claim(name)
+        if claimed is None:
+            return
+        self._ensure_folder()
+        staging = StagingFile(self.folder)
+        item = _Staged(claimed, name if claimed != name else None, staging)
+        self.staged.append(item)
+        self._stream(incoming, item, staging)
+
+    def adopt(self, name: str, staging: Staging, sha256: str, content_type: str) -> bool:
+        """Take a file already staged and hashed (a finished resumable upload) into the batch.
+
+        Returns False when its name was skipped (SPEC D14, or an unsafe destination).
+        """
+        self.count += 1
+        claimed = self.claim(name)
+        if claimed is None:
+            return False
+        original = name if claimed != name else None
+        self.staged.append(_Staged(claimed, original, staging, sha256, content_type))
+        return True
+
+    def claim(self, name: str) -> str | None:
+        """The name a normalized file is stored under, by the `on_conflict` rule; None when
+        it must be skipped (a staging name or a destination that cannot be replaced).
+
+        Raises:
+            NameConflict: `reject` and the name is taken.
+        """
         if is_staging_name(name):
             self.skipped.append(name)  # SPEC D14: never stored, never hidden by accident
-            return
+            return None
         exists = os.path.lexists
         if self.on_conflict is OnConflict.REJECT and exists(self.folder / name):
             raise NameConflict(name)
@@ -147,13 +186,10 @@ class _UploadBatch:
         claimed = self.claimed.claim(name, also_taken=on_disk)
         if not is_safe_destination(self.folder / claimed):
             self.skipped.append(claimed)
-            return
-        self._ensure_folder()
-        item = _Staged(claimed, name if claimed != name else None, StagingFile(self.folder))
-        self.staged.append(item)
-        self._stream(incoming, item)
+            return None
+        return claimed
 
-    def _stream(self, incoming: IncomingFile, item: _Staged) -> None:
+    def _stream(self, incoming: IncomingFile, item: _Staged, staging: StagingFile) -> None:
         size = 0
         while chunk := incoming.stream.read(CHUNK_SIZE):
             size += len(chunk)
@@ -163,12 +199,12 @@ class _UploadBatch:
             if self.total > self.limits.max_total_size:
                 raise TotalTooLarge()
             try:
-                item.staging.write(chunk)
+                staging.write(chunk)
             except OSError as error:
                 if is_disk_full(error):
                     raise InsufficientStorage(item.name) from error
                 raise StorageFailure(f"Failed to upload {incoming.filename}: {error}") from error
-        item.sha256, item.content_type = item.staging.finish(item.name)
+        item.sha256, item.content_type = staging.finish(item.name)
 
     def _ensure_folder(self) -> None:
         if self.folder.is_dir():
@@ -271,6 +307,41 @@ class UploadService:
             batch.discard()
             raise
         return UploadResult(saved, batch.skipped)
+
+    def commit_staged(
+        self,
+        thread_id: str,
+        name: str,
+        staging: Staging,
+        *,
+        sha256: str,
+        content_type: str,
+        on_conflict: OnConflict = OnConflict.REPLACE,
+        user_id: str | None = None,
+    ) -> UploadResult:
+        """Commit one file staged elsewhere (a finished resumable upload) exactly as a
+        multipart part is committed: the same naming, conflict, record and duplicate rules.
+
+        The staging file must sit in the thread's uploads folder. It is gone afterwards:
+        renamed into place, or removed when the commit is refused.
+
+        Raises:
+            NameConflict: `reject` and the name exists now.
+            UnsafeFilename: The name is reserved or its destination cannot be replaced.
+        """
+        validate_thread_id(thread_id)
+        folder = self.uploads_dir(thread_id, user_id)
+        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict))
+        try:
+            if not batch.adopt(name, staging, sha256, content_type):
+                raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
+            saved = self._commit(self.paths.scope(thread_id, user_id), batch)
+            if not saved:
+                raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
+        except BaseException:
+            staging.discard()
+            raise
+        return UploadResult(saved, [])
 
     def _commit(self, scope: str, batch: _UploadBatch) -> list[SavedFile]:
         commit = AtomicCommit()
