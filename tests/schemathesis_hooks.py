@@ -19,3 +19,7 @@ def before_call(context: Any, case: Any, **kwargs: Any) -> None:
         case.body = {"on_conflict": body["on_conflict"]} | {
             key: value for key, value in body.items() if key != "on_conflict"
         }
+
+
+# A tus PATCH body is raw bytes, sent as application/offset+octet-stream.
+schemathesis.serializer.alias("application/offset+octet-stream", "application/octet-stream")
