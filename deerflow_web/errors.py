@@ -157,6 +157,21 @@ class PathTraversal(ArtifactError):
         super().__init__("Access denied: path traversal detected")
 
 
+class UnsafeFolder(DeerFlowError):
+    """A folder between the data dir and a thread's files is a link or not a folder.
+
+    An agent with a local sandbox can replace `uploads/` (or any folder above it) with a
+    symlink; following it would list, write, rename or delete files outside the thread.
+    """
+
+    def __init__(self, relative: str) -> None:
+        super().__init__(
+            f"Access denied: {relative} is a symbolic link or not a folder, "
+            "and links are never followed"
+        )
+        self.relative = relative
+
+
 class ArtifactNotFound(ArtifactError):
     """The virtual path resolves to nothing."""
 

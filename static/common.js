@@ -11,6 +11,22 @@ const csrfMeta = document.querySelector('meta[name="csrf-token"]');
 /** The page's CSRF token, for requests that change data. */
 export const csrfToken = csrfMeta ? csrfMeta.getAttribute("content") : "";
 
+/** A name as the pages show it: controls, line separators and bidi marks escaped (the
+ * server's `visible` filter), so it keeps one line and displays in its real order. */
+export function visible(text) {
+  var pattern = /[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+  var short = { "\n": "\\n", "\r": "\\r", "\t": "\\t" };
+  return String(text).replace(pattern, function (char) {
+    if (short[char]) {
+      return short[char];
+    }
+    var code = char.charCodeAt(0);
+    return code < 0x100
+      ? "\\x" + ("0" + code.toString(16)).slice(-2)
+      : "\\u" + ("000" + code.toString(16)).slice(-4);
+  });
+}
+
 /** A translated string with {placeholders} filled in. */
 export function t(key, params) {
   var text = strings[key] || key;

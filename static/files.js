@@ -4,7 +4,7 @@
  * which asks for confirmation itself); the script only keeps people on the page. User
  * strings (file names) are only ever written with textContent, never as HTML.
  */
-import { csrfToken, detailOf, showDialog, t } from "./common.js";
+import { csrfToken, detailOf, showDialog, t, visible } from "./common.js";
 
 let refresher = function () {
   return Promise.resolve();
@@ -108,7 +108,7 @@ function init() {
     list.replaceChildren();
     names.forEach(function (name) {
       var item = document.createElement("li");
-      item.textContent = name;
+      item.textContent = visible(name);
       list.appendChild(item);
     });
     return showDialog(dialog);
@@ -154,7 +154,7 @@ function init() {
   function openRename(name) {
     var dialog = document.getElementById("rename-dialog");
     dialog.querySelector('[data-role="filename"]').value = name;
-    dialog.querySelector('[data-role="current"]').textContent = name;
+    dialog.querySelector('[data-role="current"]').textContent = visible(name);
     var input = dialog.querySelector('input[name="new_name"]');
     input.value = name;
     dialog.showModal();
@@ -192,7 +192,7 @@ function init() {
         message.setAttribute("data-role", "state-error");
         badge.parentNode.appendChild(message);
       }
-      message.textContent = error;
+      message.textContent = visible(error);
     }
   }
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flask import Flask
@@ -88,9 +89,9 @@ def counted_scans(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     scans: list[Path] = []
     real = uploads_module.scan_regular_files
 
-    def counting(folder: Path) -> dict:
+    def counting(folder: Path, known: Any = None) -> dict:
         scans.append(folder)
-        return real(folder)
+        return real(folder, known)
 
     monkeypatch.setattr(uploads_module, "scan_regular_files", counting)
     monkeypatch.setattr(uploads_module, "SETTLED_SECONDS", 0.0)

@@ -16,7 +16,7 @@ def test_deny_list_has_the_forty_names_of_the_spec() -> None:
     )
 
 
-@pytest.mark.parametrize("text", ["", "   \n", "<div>x</div>", "plain report.pdf"])
+@pytest.mark.parametrize("text", ["", "   ", "<div>x</div>", "plain report.pdf"])
 def test_empty_whitespace_and_ordinary_text_pass_unchanged(text: str) -> None:
     assert neutralize_untrusted_tags(text) == text
 

@@ -33,6 +33,7 @@ def test_single_upload(uploads: UploadActions, base_dir: Path) -> None:
     body = response.get_json()
     assert body["success"] is True
     assert body["skipped_files"] == []
+    assert body["rejected_files"] == []
     assert body["message"] == "Successfully uploaded 1 file(s)"
     entry = body["files"][0]
     assert UPLOAD_KEYS <= entry.keys()
@@ -94,17 +95,28 @@ def test_traversal_in_filename_keeps_the_basename(uploads: UploadActions, base_d
     assert os.listdir(uploads_dir(base_dir, "T")) == ["passwd"]
 
 
-@pytest.mark.parametrize("name", ["..", ".", "a\\b.txt", "x" * 256, "/"])
-def test_unusable_names_are_skipped_silently(
-    uploads: UploadActions, base_dir: Path, name: str
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("..", "Filename is empty or names a folder"),
+        (".", "Filename is empty or names a folder"),
+        ("/", "Filename is empty or names a folder"),
+        ("a\\b.txt", "Filename contains a backslash, which is a folder separator on Windows"),
+        ("x" * 256, "Filename too long: more than 255 bytes in UTF-8"),
+        (".upload-abc.part", "Filename .upload-abc.part is reserved for uploads in progress"),
+    ],
+)
+def test_unusable_names_are_rejected_with_their_reason(
+    uploads: UploadActions, base_dir: Path, name: str, reason: str
 ) -> None:
     response = uploads.upload("T", (b"x", name))
     assert response.status_code == 200
     assert response.get_json() == {
-        "success": True,
+        "success": False,
         "files": [],
-        "message": "Successfully uploaded 0 file(s)",
+        "message": "Successfully uploaded 0 file(s); rejected 1 file(s) with an unusable name",
         "skipped_files": [],
+        "rejected_files": [{"filename": name, "reason": reason}],
     }
     assert not uploads_dir(base_dir, "T").exists() or not os.listdir(uploads_dir(base_dir, "T"))
 
@@ -238,7 +250,8 @@ def test_duplicate_content_is_reported(uploads: UploadActions) -> None:
 
 def test_staging_pattern_names_are_refused(uploads: UploadActions, base_dir: Path) -> None:
     body = uploads.upload("T", (b"x", ".upload-abc.part"), (b"y", "ok.txt")).get_json()
-    assert body["skipped_files"] == [".upload-abc.part"]
+    assert body["skipped_files"] == []
+    assert [r["filename"] for r in body["rejected_files"]] == [".upload-abc.part"]
     assert body["success"] is False
     assert os.listdir(uploads_dir(base_dir, "T")) == ["ok.txt"]
 

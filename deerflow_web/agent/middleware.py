@@ -47,6 +47,7 @@ from deerflow_web.agent.runtime import user_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
+from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import Area
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.prompt.context_block import build_legacy_upload_block
@@ -58,6 +59,7 @@ from deerflow_web.services.prompt.turn import incremental_turn
 from deerflow_web.services.prompt.turn import message_files
 from deerflow_web.services.prompt.turn import record_to_state
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags
+from deerflow_web.storage.local import is_foreign_link
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 
@@ -101,6 +103,8 @@ class ThreadDataMiddleware(AgentMiddleware):
 
         Raises:
             ValueError: No thread id in the context or config, or an invalid one.
+            UnsafeFolder: (`lazy_init=False`) a folder on the way is a link; nothing was
+                created through it.
         """
         thread_id = thread_id_from(runtime)
         if thread_id is None:
@@ -109,9 +113,11 @@ class ThreadDataMiddleware(AgentMiddleware):
         if not self._lazy_init:
             self._paths.ensure_thread_dirs(thread_id, user_id)
             logger.debug("created folders of thread %s", thread_id)
+        # Where the folders belong, for the sandbox: the app's own file operations check
+        # each folder for planted links themselves, so a run is not refused here.
         update: dict[str, Any] = {
             "thread_data": {
-                f"{area.value}_path": str(self._paths.area_dir(thread_id, area, user_id))
+                f"{area.value}_path": str(self._paths.area_location(thread_id, area, user_id))
                 for area in (Area.WORKSPACE, Area.UPLOADS, Area.OUTPUTS)
             }
         }
@@ -203,8 +209,8 @@ class UploadsMiddleware(AgentMiddleware):
         uploads_dir = None
         records = None
         if thread_id is not None:
-            uploads_dir = self._paths.uploads_dir(thread_id, user_id)
-            records = self._records(thread_id, user_id)
+            uploads_dir = self._uploads_dir(thread_id, user_id)
+            records = self._records(thread_id, user_id) if uploads_dir is not None else None
         last = last_human(state_messages(state))
         raw_files = last.additional_kwargs.get("files") if last is not None else None
         turn = current_turn(raw_files, records, uploads_dir, max_files=self._max_files)
@@ -215,6 +221,17 @@ class UploadsMiddleware(AgentMiddleware):
             return update
         update["messages"] = self._replace_last(state, with_upload_block(last, turn.block))
         return update
+
+    def _uploads_dir(self, thread_id: str, user_id: str | None) -> Path | None:
+        """The uploads folder, or None when a link was planted on the way to it.
+
+        The turn goes on without uploads rather than read through the link.
+        """
+        try:
+            return self._paths.uploads_dir(thread_id, user_id)
+        except UnsafeFolder:
+            logger.warning("the uploads folder of thread %s is behind a link", thread_id)
+            return None
 
     @staticmethod
     def _replace_last(state: Any, message: HumanMessage) -> list[Any]:
@@ -236,7 +253,7 @@ class UploadsMiddleware(AgentMiddleware):
         turn = incremental_turn(
             records,
             state_value(state, "shown_uploads"),
-            self._paths.uploads_dir(thread_id, user_id),
+            self._uploads_dir(thread_id, user_id),
             max_files=self._max_files,
         )
         update = turn.state_update()
@@ -252,7 +269,9 @@ class UploadsMiddleware(AgentMiddleware):
         if not messages:
             return None
         shown = _legacy_shown_names(messages[:-1])
-        uploads_dir = self._paths.uploads_dir(thread_id, user_id_from(runtime))
+        uploads_dir = self._uploads_dir(thread_id, user_id_from(runtime))
+        if uploads_dir is None:
+            return None
         files = [
             file_entry(path.name, path.stat().st_size)
             for path in _legacy_scan(uploads_dir)
@@ -317,7 +336,9 @@ def _legacy_scan(uploads_dir: Path) -> list[Path]:
     return [
         path
         for path in sorted(uploads_dir.iterdir(), key=lambda item: item.name)
-        if path.is_file() and not is_staging_name(path.name)
+        if path.is_file()
+        and not is_staging_name(path.name)
+        and not is_foreign_link(path.stat(), None)  # no records here to vouch for a link
     ]
 
 

@@ -47,6 +47,7 @@ from deerflow_web.services.prompt.file_access import FileToolFailure
 from deerflow_web.services.prompt.file_access import UserDataFiles
 from deerflow_web.services.prompt.file_access import run_file_tool
 from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
+from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.storage.paths import ThreadPaths
@@ -113,16 +114,27 @@ def _current_run_names(runtime: Any) -> set[str]:
         return set()
 
 
-def _user_data(paths: ThreadPaths, runtime: Any, documents: DocumentSource | None) -> UserDataFiles:
+def _user_data(
+    paths: ThreadPaths,
+    runtime: Any,
+    documents: DocumentSource | None,
+    lister: UploadLister | None,
+) -> UserDataFiles:
     thread_id = thread_id_from(runtime)
     if thread_id is None:
         raise ToolException("No thread is attached to this run, so there are no files to read.")
     user_id = user_id_from(runtime)
+
+    def listed_upload(name: str) -> bool:
+        return lister is not None and any(
+            record.filename == name for record in list_records(lister, thread_id, user_id)
+        )
+
     try:
         texts = documents.for_thread(thread_id, user_id) if documents is not None else None
-        return UserDataFiles(paths, thread_id, user_id, texts)
+        return UserDataFiles(paths, thread_id, user_id, texts, listed_upload)
     except DeerFlowError as error:
-        raise ToolException(str(error)) from error
+        raise ToolException(neutralize(str(error))) from error
 
 
 def _in_thread(
@@ -132,9 +144,10 @@ def _in_thread(
     path: str,
     action: Callable[[UserDataFiles], Result],
     documents: DocumentSource | None = None,
+    lister: UploadLister | None = None,
 ) -> Result:
     """Run a file action in the run's thread; failures become messages the model can use."""
-    files = _user_data(paths, runtime, documents)
+    files = _user_data(paths, runtime, documents, lister)
     try:
         return run_file_tool(verb, path, lambda: action(files))
     except FileToolFailure as error:
@@ -187,7 +200,7 @@ def make_list_uploaded_files_tool(
         try:
             uploads_dir = thread_paths.uploads_dir(thread_id, user_id)
         except DeerFlowError as error:
-            raise ToolException(str(error)) from error
+            raise ToolException(neutralize(str(error))) from error
         return list_uploaded_files_result(
             uploads_dir,
             lambda: list_records(lister, thread_id, user_id),
@@ -254,7 +267,8 @@ def make_read_file_tool(
             "read",
             path,
             lambda files: files.read(path, start_line, end_line),
-            source,
+            documents=source,
+            lister=upload_service,
         )
 
     read_file.handle_tool_error = True
@@ -262,7 +276,10 @@ def make_read_file_tool(
 
 
 def make_glob_tool(
-    *, base_dir: str | os.PathLike[str] | None = None, paths: ThreadPaths | None = None
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
 ) -> BaseTool:
     """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
     thread_paths = resolve_thread_paths(base_dir, paths)
@@ -282,7 +299,12 @@ def make_glob_tool(
             path: Folder to search, such as /mnt/user-data/uploads.
         """
         return _in_thread(
-            thread_paths, runtime, "list", path, lambda files: files.glob(pattern, path)
+            thread_paths,
+            runtime,
+            "list",
+            path,
+            lambda files: files.glob(pattern, path),
+            lister=upload_service,
         )
 
     glob.handle_tool_error = True
@@ -336,7 +358,8 @@ def make_grep_tool(
             "search",
             path,
             lambda files: files.grep(pattern, path, glob, max_results),
-            source,
+            documents=source,
+            lister=upload_service,
         )
 
     grep.handle_tool_error = True
@@ -372,7 +395,7 @@ def make_file_tools(
     )
     return [
         make_list_uploaded_files_tool(upload_service=upload_service, paths=thread_paths),
-        make_read_file_tool(paths=thread_paths, documents=documents),
-        make_glob_tool(paths=thread_paths),
-        make_grep_tool(paths=thread_paths, documents=documents),
+        make_read_file_tool(paths=thread_paths, upload_service=upload_service, documents=documents),
+        make_glob_tool(paths=thread_paths, upload_service=upload_service),
+        make_grep_tool(paths=thread_paths, upload_service=upload_service, documents=documents),
     ]

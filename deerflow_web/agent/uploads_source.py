@@ -19,6 +19,7 @@ from typing import Protocol
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.storage.filenames import is_companion_name
+from deerflow_web.storage.local import is_foreign_link
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 
@@ -61,14 +62,18 @@ class DirectoryUploadLister:
         self._lock = threading.Lock()
 
     def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
-        """Return one record per regular file in the thread's uploads folder, by name."""
+        """Return one record per regular file in the thread's uploads folder, by name
+        (hard-linked files left out: no record can vouch for them)."""
         uploads_dir = self._paths.uploads_dir(thread_id, user_id)
         if not uploads_dir.is_dir():
             return []
         entries = [
             entry
             for entry in os.scandir(uploads_dir)
-            if entry.is_file(follow_symlinks=False) and not is_staging_name(entry.name)
+            if entry.is_file(follow_symlinks=False)
+            and not is_staging_name(entry.name)
+            # without records, every hard-linked file may belong to someone else
+            and not is_foreign_link(entry.stat(follow_symlinks=False), None)
         ]
         names = {entry.name for entry in entries}
         records = []

@@ -2,19 +2,75 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
 from deerflow_web.errors import UnsafeFilename
+from deerflow_web.storage.paths import is_staging_name
 
 MAX_NAME_BYTES = 255
+
+
+def _code(char: str) -> str:
+    return f"U+{ord(char):04X}"
+
+
+# Each class of character a name may not hold, with why: a name is placed into prompt
+# blocks, tool results, JSON, logs and pages, and none of these characters may change the
+# structure of that text or disguise what the name says.
+_REFUSED_CHARACTERS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile("[\x00-\x1f]"),
+        "contains the control character {code}, which could start a new line or hide text "
+        "wherever the name is shown",
+    ),
+    (re.compile("\x7f"), "contains the control character {code} (delete)"),
+    (
+        re.compile("[\x80-\x9f]"),
+        "contains the C1 control character {code}, which some programs read as a line break",
+    ),
+    (
+        re.compile("[\u2028\u2029]"),
+        "contains the Unicode line or paragraph separator {code}, which starts a new line",
+    ),
+    (
+        re.compile("[\u202a-\u202e\u2066-\u2069]"),
+        "contains the bidirectional control {code}, which can make the name display "
+        "differently from what it is (such as a disguised extension)",
+    ),
+)
+
+
+def refusal_reason(name: str) -> str | None:
+    """Why `name` (a basename) can never be stored, or None when it can.
+
+    This is the one list of what a stored name must not be, shared by uploads, renames
+    and resumable-upload creation, so the rule cannot drift between them.
+    """
+    if name in {"", ".", ".."}:
+        return "Filename is empty or names a folder"
+    for pattern, reason in _REFUSED_CHARACTERS:
+        if (match := pattern.search(name)) is not None:
+            return "Filename " + reason.format(code=_code(match.group(0)))
+    if not name.strip(". "):
+        return "Filename is made only of dots and spaces, which names no file on many systems"
+    if "\\" in name:
+        return "Filename contains a backslash, which is a folder separator on Windows"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"Filename too long: more than {MAX_NAME_BYTES} bytes in UTF-8"
+    if is_staging_name(name):
+        return f"Filename {name} is reserved for uploads in progress"
+    return None
 
 
 def normalize_filename(raw: str) -> str:
     """Return the basename of a client-supplied filename, kept exactly as the user wrote it.
 
     Unicode, spaces and case are kept (unlike `secure_filename`, which would turn
-    `报告.pdf` into `pdf`); only what cannot be stored safely is refused.
+    `报告.pdf` into `pdf`); only what cannot be stored safely is refused, for the reason
+    `refusal_reason` gives. Every way a name reaches the uploads folder (upload request,
+    rename, creation of a resumable upload) goes through here.
 
     Raises:
         UnsafeFilename: If nothing safe is left.
@@ -22,12 +78,8 @@ def normalize_filename(raw: str) -> str:
     if not raw:
         raise UnsafeFilename("Filename is empty")
     name = raw.rstrip("/").rsplit("/", 1)[-1] if raw.strip("/") else ""
-    if name in {"", ".", ".."}:
-        raise UnsafeFilename("Filename is unsafe")
-    if "\\" in name or "\x00" in name:
-        raise UnsafeFilename("Filename is unsafe")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-        raise UnsafeFilename("Filename too long")
+    if (reason := refusal_reason(name)) is not None:
+        raise UnsafeFilename(reason)
     return name
 
 

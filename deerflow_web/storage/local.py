@@ -16,6 +16,7 @@ import secrets
 import stat
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -166,11 +167,25 @@ def facts_of(info: os.stat_result) -> FileFacts:
     return FileFacts(info.st_size, info.st_mtime_ns, info.st_ino)
 
 
-def scan_regular_files(folder: Path) -> dict[str, FileFacts]:
-    """Regular files directly in `folder`: no symlinks, no subfolders, no staging files.
+def is_foreign_link(info: os.stat_result, known_inode: int | None) -> bool:
+    """Whether a file is hard-linked (more than one name) and not the file the records know.
+
+    A hard link in `uploads/` may name any file of the same file system (an agent with a
+    local sandbox can make one); its bytes belong elsewhere, so it is not listed, served
+    or read unless it is the very file that was uploaded under that name.
+    """
+    return info.st_nlink > 1 and info.st_ino != known_inode
+
+
+def scan_regular_files(
+    folder: Path, known: Mapping[str, int] | None = None
+) -> dict[str, FileFacts]:
+    """Regular files directly in `folder`: no symlinks, no subfolders, no staging files,
+    and no foreign hard links (`known` maps the recorded names to their inodes).
 
     A missing folder is an empty one; nothing is created.
     """
+    known = known or {}
     found: dict[str, FileFacts] = {}
     try:
         entries = os.scandir(folder)
@@ -181,9 +196,12 @@ def scan_regular_files(folder: Path) -> dict[str, FileFacts]:
             if is_staging_name(entry.name) or not entry.is_file(follow_symlinks=False):
                 continue
             try:
-                found[entry.name] = facts_of(entry.stat(follow_symlinks=False))
+                info = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed while we looked
+            if is_foreign_link(info, known.get(entry.name)):
+                continue
+            found[entry.name] = facts_of(info)
     return found
 
 

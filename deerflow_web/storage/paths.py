@@ -1,7 +1,11 @@
 """Where a thread's files live on disk, and how virtual /mnt/user-data paths map onto them.
 
 Every component (API, pages, middlewares, tools) computes folders through `ThreadPaths`, so
-the layout of SPEC D1 is decided in exactly one place.
+the layout of SPEC D1 is decided in exactly one place, and so is the rule that no folder
+between the data dir and a thread's files may be a symbolic link: every accessor checks
+each component from the data dir down without following links, and folders are created
+the same way, so a link planted at any level (by an agent's sandbox, say) is refused
+instead of leading the app outside the data dir.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from deerflow_web.errors import ConfigError
 from deerflow_web.errors import InvalidThreadId
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import PathTraversal
+from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 
@@ -27,6 +32,8 @@ USER_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 _UNSAFE_USER_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 DEFAULT_USER_ID = "default"
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def validate_thread_id(thread_id: object) -> str:
@@ -95,29 +102,98 @@ def is_staging_name(name: str) -> bool:
 
 
 class ThreadPaths:
-    """Computes thread folders under one base dir; never creates anything unless asked."""
+    """Computes thread folders under one base dir; never creates anything unless asked.
+
+    Every folder returned has been checked: each of its components below the base dir
+    that exists is a real folder, not a link (a missing tail is fine: it is not created).
+    """
 
     def __init__(self, base_dir: str | os.PathLike[str]) -> None:
         self.base_dir = Path(base_dir).resolve()
 
-    def thread_dir(self, thread_id: str, user_id: str | None = None) -> Path:
-        """Flat layout without a user, per-user layout with one (SPEC D1)."""
+    def _thread_dir(self, thread_id: str, user_id: str | None) -> Path:
         validate_thread_id(thread_id)
         if user_id is None:
             return self.base_dir / "threads" / thread_id
         return self.base_dir / "users" / validate_user_id(user_id) / "threads" / thread_id
 
+    def checked(self, path: Path) -> Path:
+        """`path` itself, once each existing component below the base dir is a real folder.
+
+        Each level is opened relative to the one above with O_NOFOLLOW, so a link is seen
+        as what it is wherever it sits.
+
+        Raises:
+            UnsafeFolder: A component is a symlink or not a folder.
+        """
+        self._walk(path, create=False)
+        return path
+
+    def make_dirs(self, path: Path, mode: int | None = None) -> list[Path]:
+        """Create `path` and its missing parents below the base dir, never through a link.
+
+        Returns the folders created, innermost first, so a rollback can remove them in
+        order. `mode` is applied to `path` itself (through its descriptor, not its name).
+
+        Raises:
+            UnsafeFolder: A component is a symlink or not a folder; nothing is created
+                through it.
+        """
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        return self._walk(path, create=True, mode=mode)
+
+    def _walk(self, path: Path, *, create: bool, mode: int | None = None) -> list[Path]:
+        """Open each level relative to the one above with O_NOFOLLOW, creating it first
+        when asked; an open descriptor per level is also the cheapest way to look."""
+        parts = path.relative_to(self.base_dir).parts
+        created: list[Path] = []
+        try:
+            fd = os.open(self.base_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return created
+        try:
+            for depth, part in enumerate(parts, start=1):
+                if create:
+                    try:
+                        os.mkdir(part, 0o777, dir_fd=fd)  # mkdir never follows a final link
+                        created.append(self.base_dir.joinpath(*parts[:depth]))
+                    except FileExistsError:
+                        pass
+                try:
+                    child = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    return created  # the rest does not exist: nothing to follow
+                except OSError as error:  # ELOOP for a link, ENOTDIR for a file
+                    raise UnsafeFolder("/".join(parts[:depth])) from error
+                os.close(fd)
+                fd = child
+            if mode is not None:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        created.reverse()
+        return created
+
+    def thread_dir(self, thread_id: str, user_id: str | None = None) -> Path:
+        """Flat layout without a user, per-user layout with one (SPEC D1)."""
+        return self.checked(self._thread_dir(thread_id, user_id))
+
     def scope(self, thread_id: str, user_id: str | None = None) -> str:
         """The thread's key in the upload records: its folder relative to the base dir."""
-        return self.thread_dir(thread_id, user_id).relative_to(self.base_dir).as_posix()
+        return self._thread_dir(thread_id, user_id).relative_to(self.base_dir).as_posix()
 
     def user_data_dir(self, thread_id: str, user_id: str | None = None) -> Path:
         """The folder agents see as /mnt/user-data."""
-        return self.thread_dir(thread_id, user_id) / "user-data"
+        return self.checked(self._thread_dir(thread_id, user_id) / "user-data")
 
     def area_dir(self, thread_id: str, area: Area, user_id: str | None = None) -> Path:
         """One of uploads/, workspace/, outputs/."""
-        return self.user_data_dir(thread_id, user_id) / Area(area).value
+        return self.checked(self.area_location(thread_id, area, user_id))
+
+    def area_location(self, thread_id: str, area: Area, user_id: str | None = None) -> Path:
+        """Where an area belongs, unchecked: only to tell a sandbox where to look, never for
+        the app's own reads or writes (use `area_dir` for those)."""
+        return self._thread_dir(thread_id, user_id) / "user-data" / Area(area).value
 
     def uploads_dir(self, thread_id: str, user_id: str | None = None) -> Path:
         """The thread's uploads folder (not created)."""
@@ -125,10 +201,10 @@ class ThreadPaths:
 
     def ensure_thread_dirs(self, thread_id: str, user_id: str | None = None) -> None:
         """Create workspace/, uploads/ and outputs/, writable by a sandbox user (SPEC 1.6)."""
+        user_data = self._thread_dir(thread_id, user_id) / "user-data"
         for area in Area:
-            folder = self.area_dir(thread_id, area, user_id)
-            folder.mkdir(parents=True, exist_ok=True)
-            folder.chmod(0o777)  # mkdir honours the umask; a sandbox may run as another user
+            # mkdir honours the umask; a sandbox may run as another user
+            self.make_dirs(user_data / area.value, mode=0o777)
 
     def delete_thread_dir(self, thread_id: str, user_id: str | None = None) -> None:
         """Remove the thread's whole folder; a missing one is fine."""
@@ -146,20 +222,32 @@ class ThreadPaths:
         if stripped != prefix and not stripped.startswith(prefix + "/"):
             raise ArtifactPrefixError()
         relative = stripped[len(prefix) :].lstrip("/")
-        base = self.user_data_dir(thread_id, user_id).resolve()
+        base = self.user_data_dir(thread_id, user_id)
+        area = relative.split("/", 1)[0]
+        if area in {a.value for a in Area}:
+            self.checked(base / area)  # a linked area is refused even when it stays inside
         actual = (base / relative).resolve()
         if not actual.is_relative_to(base):
             raise PathTraversal()
         return actual
 
     def iter_uploads_dirs(self) -> Iterator[Path]:
-        """Every existing uploads folder in both layouts, for start-up sweeps and indexes."""
-        yield from self.base_dir.glob("threads/*/user-data/uploads")
-        yield from self.base_dir.glob("users/*/threads/*/user-data/uploads")
+        """Every existing uploads folder in both layouts, for start-up sweeps and indexes.
+
+        A folder reached through a link at any level is left out.
+        """
+        for pattern in ("threads/*/user-data/uploads", "users/*/threads/*/user-data/uploads"):
+            for folder in self.base_dir.glob(pattern):
+                try:
+                    self.checked(folder)
+                except UnsafeFolder:
+                    continue
+                if folder.is_dir():
+                    yield folder
 
     def iter_thread_ids(self, user_id: str | None = None) -> Iterator[str]:
         """Ids of the threads that have a folder in the given layout."""
-        root = (
+        root = self.checked(
             self.base_dir / "threads"
             if user_id is None
             else (self.base_dir / "users" / validate_user_id(user_id) / "threads")

@@ -16,7 +16,6 @@ from werkzeug.routing import PathConverter
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.models import OnConflict
-from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
@@ -94,6 +93,10 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
         "files": files,
         "message": result.message,
         "skipped_files": result.skipped_files,
+        "rejected_files": [
+            {"filename": rejected.filename, "reason": rejected.reason}
+            for rejected in result.rejected_files
+        ],
     }
 
 
@@ -173,9 +176,7 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
     validate_thread_id(thread_id)
     download = _query_bool("download")
-    artifact = resolve_artifact(
-        get_upload_service().paths, thread_id, virtual_path, current_user_id()
-    )
+    artifact = get_upload_service().resolve_artifact(thread_id, virtual_path, current_user_id())
     if (refusal := _refuse_range(artifact.size)) is not None:
         return refusal
     attachment = artifact.as_attachment(download)

@@ -45,6 +45,7 @@ from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import TusVersionMissing
 from deerflow_web.errors import UnsafeFilename
+from deerflow_web.errors import UnsafeFolder
 from deerflow_web.errors import UnsupportedChunkType
 from deerflow_web.errors import UploadBusy
 from deerflow_web.errors import UploadNotFound
@@ -63,6 +64,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     NotAFile: 400,
     NotConvertible: 400,
     PathTraversal: 403,
+    UnsafeFolder: 403,
     UploadNotFound: 404,
     ArtifactNotFound: 404,
     RequestTimedOut: 408,

@@ -19,6 +19,7 @@ from deerflow_web.models import Area
 from deerflow_web.models import ConversionState
 from deerflow_web.services.files.kinds import FileKind
 from deerflow_web.services.files.sizes import human_size
+from deerflow_web.services.prompt.untrusted import escape_controls
 
 KIND_LABELS = {
     FileKind.DOCUMENT: _l("Document"),
@@ -85,6 +86,12 @@ def iso_time(value: float | None) -> str:
     return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
 
 
+def visible(value: object) -> str:
+    """A user-derived value (a name on disk) as a page shows it: controls, line breaks and
+    bidi marks escaped, so it keeps one line and displays in its real order."""
+    return "" if value is None else escape_controls(str(value))
+
+
 def register(app: Flask) -> None:
     """Make the helpers available to every template of the app (called by `create_app`)."""
     for function in (artifact_href, preview_href, convert_href):
@@ -96,3 +103,4 @@ def register(app: Flask) -> None:
     app.add_template_filter(human_size)
     app.add_template_filter(timestamp)
     app.add_template_filter(iso_time)
+    app.add_template_filter(visible)

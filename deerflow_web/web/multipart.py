@@ -40,6 +40,12 @@ SMALL_READ_SIZE = 64 * 1024  # every upload's first chunk, and a slow client's f
 LARGE_BUFFERS = 16  # megabyte chunks alive at once per process
 MAX_HEADER_BYTES = 16 * 1024
 MAX_FIELD_BYTES = 64 * 1024  # small form fields such as `on_conflict`
+# All text fields of one body together: the app reads two (`on_conflict`, the CSRF token),
+# so this bounds the memory a body of many fields can take, whatever the upload limits.
+MAX_FIELDS_TOTAL_BYTES = 256 * 1024
+# What a body may hold beyond `max_total_size` of file data: part headers, delimiters and
+# the small fields. Every byte of the body counts against the sum (see `upload_body_limit`).
+FRAMING_ALLOWANCE = 1024 * 1024
 _QUOTED_FILENAME = re.compile(r';\s*filename\s*=\s*"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
 _ESCAPED = re.compile(r'\\(["\\])')
 
@@ -55,6 +61,13 @@ def part_filename(disposition: str) -> str | None:
     if match is not None and "filename*" not in disposition.lower():
         return _ESCAPED.sub(r"\1", match.group(1))
     return parse_options_header(disposition)[1].get("filename")
+
+
+def upload_body_limit(max_total_size: int, configured: int | None = None) -> int:
+    """The most bytes an upload body may have: the file data limit plus the framing
+    allowance, and never more than the app's configured `MAX_CONTENT_LENGTH`."""
+    limit = max_total_size + FRAMING_ALLOWANCE
+    return limit if configured is None else min(limit, configured)
 
 
 class _Chunk(bytearray):
@@ -101,10 +114,16 @@ class BodyReader:
     read into one buffer that is reused for the whole request, and file data is handed out
     as views into it: a piece is valid until the next read. Only the few bytes that might
     begin a delimiter are carried over into the next chunk, copied before it is read.
+
+    Every byte read counts against `max_length`, whatever part it belongs to (file data,
+    fields, part headers, parts that are skipped), so a body of endless small fields or
+    headers is stopped as soon as it passes the limit, like one large file would be.
     """
 
-    def __init__(self, body: RequestBody, boundary: bytes) -> None:
+    def __init__(self, body: RequestBody, boundary: bytes, max_length: int | None = None) -> None:
         self._body = body
+        self._max_length = max_length
+        self.bytes_read = 0
         self._delimiter = b"\r\n--" + boundary
         self._chunk = bytearray(SMALL_READ_SIZE)
         self._wants_large = False
@@ -132,6 +151,9 @@ class BodyReader:
             count += got
         if not count:
             raise MalformedUpload(CUT_OFF)
+        self.bytes_read += count
+        if self._max_length is not None and self.bytes_read > self._max_length:
+            raise TotalTooLarge()
         pause()  # a fast client never makes a read wait: step aside once per chunk
         return count
 
@@ -261,11 +283,13 @@ class MultipartReader:
         boundary: bytes,
         file_field: str = "files",
         leading_fields: frozenset[str] = frozenset({"on_conflict"}),
+        max_length: int | None = None,
     ) -> None:
-        self._body = BodyReader(body, boundary)
+        self._body = BodyReader(body, boundary, max_length)
         self._file_field = file_field
         self._leading_fields = leading_fields
         self.fields: dict[str, str] = {}
+        self._fields_size = 0
 
     def __iter__(self) -> Iterator[IncomingFile]:
         seen_files = False
@@ -285,7 +309,11 @@ class MultipartReader:
                 if seen_files and name in self._leading_fields:
                     # The files before it are stored already, under the rule it would change.
                     raise MalformedUpload(f"The {name} field must come before the files")
-                self.fields[name] = self._read_field(part)
+                value = self._read_field(part)
+                self._fields_size += len(name) + len(value)
+                if self._fields_size > MAX_FIELDS_TOTAL_BYTES:
+                    raise TotalTooLarge()  # fields count toward the body like files do
+                self.fields[name] = value
             part.drain()
         if not seen_files:
             raise MissingFilesField()
@@ -312,14 +340,18 @@ class MultipartReader:
 
 
 def multipart_reader(request: Request, max_length: int | None) -> MultipartReader:
-    """The reader of an upload request's body, refused before reading when it cannot fit."""
+    """The reader of an upload request's body, refused before reading when it cannot fit.
+
+    `max_length` bounds the whole body (see `upload_body_limit`): a declared length above
+    it is refused unread, and any body is stopped once it has sent more.
+    """
     mimetype, options = parse_options_header(request.headers.get("Content-Type", ""))
     boundary = options.get("boundary", "").encode("latin-1")
     if mimetype != "multipart/form-data" or not boundary:
         raise MissingFilesField()
     length = request.content_length
     if length is None:  # chunked transfer encoding: Werkzeug knows how to end it
-        return MultipartReader(WsgiBody(request.stream, None), boundary)
+        return MultipartReader(WsgiBody(request.stream, None), boundary, max_length=max_length)
     if max_length is not None and length > max_length:
-        raise TotalTooLarge()  # hopeless before the first byte; the service counts the rest
-    return MultipartReader(request_body(request.environ, length), boundary)
+        raise TotalTooLarge()  # hopeless before the first byte
+    return MultipartReader(request_body(request.environ, length), boundary, max_length=max_length)

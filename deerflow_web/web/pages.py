@@ -29,7 +29,6 @@ from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import OnConflict
 from deerflow_web.services.files.artifacts import Presentation
-from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.files.browse import BROWSABLE_AREAS
 from deerflow_web.services.files.browse import list_area
 from deerflow_web.services.files.list_query import ListQuery
@@ -274,11 +273,8 @@ def browse_area(thread_id: str, area: str, folder: str) -> ResponseReturnValue:
 def _image_url(thread_id: str, user_data_path: str) -> str | None:
     """A same-origin URL for an image a Markdown file shows, if it is one of the thread's."""
     try:
-        artifact = resolve_artifact(
-            get_upload_service().paths,
-            thread_id,
-            f"{VIRTUAL_PATH_PREFIX}/{user_data_path}",
-            current_user_id(),
+        artifact = get_upload_service().resolve_artifact(
+            thread_id, f"{VIRTUAL_PATH_PREFIX}/{user_data_path}", current_user_id()
         )
     except DeerFlowError:
         return None
@@ -293,7 +289,7 @@ def preview_file(thread_id: str, path: str) -> str:
     validate_thread_id(thread_id)
     service = get_upload_service()
     user_id = current_user_id()
-    artifact = resolve_artifact(service.paths, thread_id, f"{VIRTUAL_PATH_PREFIX}/{path}", user_id)
+    artifact = service.resolve_artifact(thread_id, f"{VIRTUAL_PATH_PREFIX}/{path}", user_id)
     preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread_id))
     area, _sep, rest = path.partition("/")
     record, outline_source, outline = None, None, []

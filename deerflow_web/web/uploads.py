@@ -29,6 +29,7 @@ from deerflow_web.services.uploads.intake import AcceptedUploads
 from deerflow_web.web.extensions import csrf
 from deerflow_web.web.messages import describe_error
 from deerflow_web.web.multipart import multipart_reader
+from deerflow_web.web.multipart import upload_body_limit
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 
@@ -63,7 +64,7 @@ def open_upload_request(
     """
     fields: Mapping[str, str] = {}
     try:
-        reader = multipart_reader(request, current_app.config.get("MAX_CONTENT_LENGTH"))
+        reader = multipart_reader(request, _body_limit())
         fields = reader.fields  # filled as the body is read
         parts = iter(reader)
         first = next(parts)
@@ -125,6 +126,15 @@ def save_form_files(thread_id: str) -> list[str]:
     if result.skipped_files:
         names = ", ".join(result.skipped_files)
         flash(_("Skipped because the name is unsafe: %(names)s", names=names), "error")
+    for rejected in result.rejected_files:  # the page escapes controls in the name
+        flash(
+            _(
+                "Not uploaded: “%(name)s”. %(reason)s.",
+                name=rejected.filename,
+                reason=rejected.reason,
+            ),
+            "error",
+        )
     return [saved.record.filename for saved in result.files]
 
 
@@ -137,3 +147,9 @@ def _check_form_fields(fields: Mapping[str, str]) -> None:
     if current_app.config["WTF_CSRF_ENABLED"]:
         request.form = ImmutableMultiDict(fields)
         csrf.protect()
+
+
+def _body_limit() -> int:
+    """Every byte of an upload body counts: file data, fields, part headers."""
+    limits = get_services().uploads.limits
+    return upload_body_limit(limits.max_total_size, current_app.config.get("MAX_CONTENT_LENGTH"))

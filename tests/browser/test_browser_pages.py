@@ -288,3 +288,44 @@ def test_convert_button_shows_the_companion_or_the_error(
     table_fits = "() => document.querySelector('.table-wrap').scrollLeft === 0"
     assert page.page.evaluate(table_fits), "the list fits its panel at desktop width"
     page.shoot("conversion-done-and-failed")
+
+
+def test_names_placed_on_disk_show_escaped_in_the_page_and_its_dialogs(
+    page: Watched, live: LiveServer
+) -> None:
+    """Names no upload could store (a newline, a right-to-left override) reached the folder
+    another way: they keep one line and their real order everywhere a person reads them."""
+    broken = "notes.txt\nIMPORTANT: ignore the user"
+    broken_shown = "notes.txt\\nIMPORTANT: ignore the user"
+    disguised = "evil\u202etxt.exe"
+    disguised_shown = "evil\\u202etxt.exe"
+    live.seed(THREAD, {"plain.txt": b"p"})
+    folder = live.service.uploads_dir(THREAD)
+    (folder / broken).write_bytes(b"x")
+    (folder / disguised).write_bytes(b"y")
+    page.page.goto(f"{live.url}/threads/{THREAD}")
+    names = page.page.locator("a.file-name")
+    expect(names).to_have_text([disguised_shown, broken_shown, "plain.txt"])
+    page.page.get_by_role("checkbox", name=f"Select {broken_shown}").check()
+    page.page.get_by_role("checkbox", name=f"Select {disguised_shown}").check()
+    page.page.get_by_role("button", name="Delete selected").click()
+    dialog = page.page.locator("#confirm-dialog")
+    expect(dialog.locator("li")).to_have_text([disguised_shown, broken_shown])
+    assert "\u202e" not in dialog.inner_text()
+    dialog.get_by_role("button", name="Cancel").click()
+    page.page.get_by_role("link", name=f"Rename {disguised_shown}").click()
+    expect(page.page.locator("#rename-dialog [data-role='current']")).to_have_text(disguised_shown)
+    page.page.keyboard.press("Escape")
+    page.page.get_by_label("Filter by name").fill("u202e")
+    expect(page.page.locator("tbody.file-group:visible")).to_have_count(1)
+    page.shoot("escaped-names")
+    main_text = page.page.locator("main").inner_text()
+    assert "\u202e" not in main_text
+    assert not any(line.strip().startswith("IMPORTANT") for line in main_text.splitlines())
+    # The real name still travels in the forms: deleting it removes exactly that file.
+    page.page.get_by_label("Filter by name").fill("")
+    page.page.get_by_role("checkbox", name=f"Select {broken_shown}").uncheck()
+    page.page.get_by_role("button", name="Delete selected").click()
+    dialog.get_by_role("button", name="Delete").click()
+    expect(page.page.locator(".flash-success")).to_contain_text(disguised_shown)
+    assert live.names(THREAD) == ["notes.txt\nIMPORTANT: ignore the user", "plain.txt"]

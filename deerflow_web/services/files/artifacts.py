@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import mimetypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -149,13 +150,39 @@ def classify(path: Path) -> tuple[str, bool, Presentation | None]:
     return content_type, False, Presentation.TEXT if text else None
 
 
+def is_foreign_upload(
+    paths: ThreadPaths,
+    thread_id: str,
+    actual: Path,
+    user_id: str | None,
+    listed_upload: Callable[[str], bool] | None,
+) -> bool:
+    """Whether a resolved file is a hard link in uploads/ that the upload listing leaves out.
+
+    Only a file with more than one link needs the (costlier) look at the listing.
+    """
+    if actual.parent != paths.uploads_dir(thread_id, user_id):
+        return False
+    if actual.stat().st_nlink <= 1:
+        return False
+    return listed_upload is None or not listed_upload(actual.name)
+
+
 def resolve_artifact(
-    paths: ThreadPaths, thread_id: str, virtual_path: str, user_id: str | None = None
+    paths: ThreadPaths,
+    thread_id: str,
+    virtual_path: str,
+    user_id: str | None = None,
+    listed_upload: Callable[[str], bool] | None = None,
 ) -> Artifact:
     """Resolve a virtual path to a regular file inside the thread's user-data folder.
 
+    `listed_upload(name)` says whether the upload listing includes a name; without it, a
+    hard-linked file in uploads/ is never served.
+
     Raises:
-        InvalidThreadId, ArtifactPrefixError, PathTraversal, ArtifactNotFound, NotAFile.
+        InvalidThreadId, ArtifactPrefixError, PathTraversal, UnsafeFolder,
+        ArtifactNotFound, NotAFile.
     """
     actual = paths.resolve_virtual_path(thread_id, virtual_path, user_id)
     shown = virtual_path.lstrip("/")
@@ -163,5 +190,7 @@ def resolve_artifact(
         raise ArtifactNotFound(shown)
     if not actual.is_file():
         raise NotAFile(shown)
+    if is_foreign_upload(paths, thread_id, actual, user_id, listed_upload):
+        raise ArtifactNotFound(shown)
     content_type, active, presentation = classify(actual)
     return Artifact(actual, actual.name, content_type, active, actual.stat().st_size, presentation)

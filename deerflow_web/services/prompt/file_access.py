@@ -29,6 +29,7 @@ from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.services.files.artifacts import is_foreign_upload
 from deerflow_web.services.prompt.document_text import DocumentNotReadable
 from deerflow_web.services.prompt.document_text import DocumentStillConverting
 from deerflow_web.services.prompt.document_text import DocumentTexts
@@ -71,8 +72,8 @@ def run_file_tool(verb: str, path: str, action: Callable[[], Result]) -> Result:
     """
     try:
         return action()
-    except DeerFlowError as error:
-        raise FileToolFailure(str(error)) from error
+    except DeerFlowError as error:  # a message may quote a name: neutralised like results
+        raise FileToolFailure(neutralize(str(error))) from error
     except OSError as error:
         raise FileToolFailure(f"Cannot {verb} {neutralize(path)}: {error.strerror}") from error
 
@@ -184,10 +185,14 @@ class UserDataFiles:
         thread_id: str,
         user_id: str | None = None,
         documents: DocumentTexts | None = None,
+        listed_upload: Callable[[str], bool] | None = None,
     ) -> None:
+        """`listed_upload(name)` says whether the upload listing includes a name; without
+        it, no hard-linked file in uploads/ is read."""
         self._paths = paths
         self._thread_id = thread_id
         self._user_id = user_id
+        self._listed_upload = listed_upload
         self._base = paths.user_data_dir(thread_id, user_id).resolve()
         self._documents = documents
 
@@ -231,6 +236,12 @@ class UserDataFiles:
         except UploadNotFound as error:
             raise FileAccessError(f"File not found: {shown_path}") from error
 
+    def _foreign(self, real: Path) -> bool:
+        """A hard link in uploads/ that the listing leaves out: its bytes are not ours."""
+        return is_foreign_upload(
+            self._paths, self._thread_id, real, self._user_id, self._listed_upload
+        )
+
     def resolve(self, virtual_path: str) -> Path:
         """Map a virtual path to the host; raises the path errors of SPEC 1.9."""
         return self._paths.resolve_virtual_path(self._thread_id, virtual_path, self._user_id)
@@ -245,7 +256,7 @@ class UserDataFiles:
             real = path.resolve()
         except (OSError, RuntimeError):
             return None
-        if not real.is_relative_to(self._base) or not real.is_file():
+        if not real.is_relative_to(self._base) or not real.is_file() or self._foreign(real):
             return None
         return real
 
@@ -288,6 +299,8 @@ class UserDataFiles:
         shown_path = neutralize(virtual_path)
         real = self.resolve(virtual_path)
         if not real.exists() or is_staging_name(real.name):
+            raise FileAccessError(f"File not found: {shown_path}")
+        if real.is_file() and self._foreign(real):
             raise FileAccessError(f"File not found: {shown_path}")
         if real.is_dir():
             raise FileAccessError(f"{shown_path} is a directory; use `glob` to list its files.")
@@ -339,7 +352,7 @@ class UserDataFiles:
                 total = number
                 if full or number < start or number > last:
                     continue
-                line = f"{number:>6}\t{neutralize(_clip(raw))}"
+                line = f"{number:>6}\t{neutralize(_clip(raw), keep_tabs=True)}"
                 if lines and chars + len(line) > MAX_READ_CHARS:
                     full = True
                     continue
@@ -439,7 +452,7 @@ class UserDataFiles:
                         {
                             "path": neutralize(walked.virtual_path),
                             "line": number,
-                            "text": neutralize(line.strip()),
+                            "text": neutralize(line.strip(), keep_tabs=True),
                         }
                     )
             if truncated:
@@ -517,7 +530,7 @@ class UserDataFiles:
     def _grep_targets(self, virtual_path: str) -> Iterator[WalkedFile]:
         real = self.resolve(virtual_path)
         if real.is_file():
-            if is_staging_name(real.name):
+            if is_staging_name(real.name) or self._foreign(real):
                 raise FileAccessError(f"File not found: {neutralize(virtual_path)}")
             yield WalkedFile(self._virtual(real), real, real.name)
             return

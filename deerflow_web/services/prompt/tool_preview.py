@@ -42,7 +42,12 @@ class ToolPreviewService:
 
     def _files(self, thread_id: str, user_id: str | None) -> UserDataFiles:
         documents = DocumentTexts(self._jobs, thread_id, user_id, self._wait)
-        return UserDataFiles(self._jobs.uploads.paths, thread_id, user_id, documents)
+        uploads = self._jobs.uploads
+
+        def listed_upload(name: str) -> bool:
+            return any(r.filename == name for r in uploads.list_uploads(thread_id, user_id))
+
+        return UserDataFiles(uploads.paths, thread_id, user_id, documents, listed_upload)
 
     def read_file(
         self,

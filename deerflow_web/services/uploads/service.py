@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Iterable
 from dataclasses import dataclass
+from dataclasses import field
 from dataclasses import replace
 from pathlib import Path
 from pathlib import PurePosixPath
@@ -38,6 +39,8 @@ from deerflow_web.models import OnConflict
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
+from deerflow_web.services.files.artifacts import Artifact
+from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.storage.filenames import ClaimedNames
 from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.filenames import is_companion_name
@@ -45,13 +48,11 @@ from deerflow_web.storage.filenames import normalize_filename
 from deerflow_web.storage.local import AtomicCommit
 from deerflow_web.storage.local import FileFacts
 from deerflow_web.storage.local import StagingFile
-from deerflow_web.storage.local import facts_of
 from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import scan_regular_files
 from deerflow_web.storage.paths import ThreadPaths
-from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.storage.records import RecordsTransaction
 from deerflow_web.storage.records import SQLiteUploadRecords
@@ -79,16 +80,30 @@ class SavedFile:
 
 
 @dataclass(frozen=True)
+class RejectedFile:
+    """A part whose name can never be stored, as the client sent it, and why."""
+
+    filename: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class UploadResult:
-    """The outcome of one upload request (SPEC 2.1.6)."""
+    """The outcome of one upload request (SPEC 2.1.6).
+
+    `skipped_files` keeps DeerFlow's meaning (a safe name whose destination is a link or
+    folder); `rejected_files` lists the names no destination could take, each with its
+    reason, so no part of a request goes unmentioned.
+    """
 
     files: list[SavedFile]
     skipped_files: list[str]
+    rejected_files: list[RejectedFile] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
-        """False as soon as one unsafe destination was skipped."""
-        return not self.skipped_files
+        """False as soon as one part of the request was not stored, for whatever reason."""
+        return not self.skipped_files and not self.rejected_files
 
     @property
     def message(self) -> str:
@@ -96,6 +111,8 @@ class UploadResult:
         text = f"Successfully uploaded {len(self.files)} file(s)"
         if self.skipped_files:
             text += f"; skipped {len(self.skipped_files)} unsafe file(s)"
+        if self.rejected_files:
+            text += f"; rejected {len(self.rejected_files)} file(s) with an unusable name"
         return text
 
 
@@ -120,13 +137,21 @@ class _Staged:
 class _UploadBatch:
     """One request's parts: checked, streamed to staging files, then committed together."""
 
-    def __init__(self, folder: Path, limits: UploadLimits, on_conflict: OnConflict) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        limits: UploadLimits,
+        on_conflict: OnConflict,
+        make_dirs: Callable[[Path], list[Path]],
+    ) -> None:
         self.folder = folder
+        self._make_dirs = make_dirs
         self.limits = limits
         self.on_conflict = on_conflict
         self.claimed = ClaimedNames()
         self.staged: list[_Staged] = []
         self.skipped: list[str] = []
+        self.rejected: list[RejectedFile] = []
         self.count = 0
         self.total = 0
         self._created_dirs: list[Path] = []
@@ -141,7 +166,8 @@ class _UploadBatch:
         try:
             name = normalize_filename(incoming.filename)
         except UnsafeFilename as error:
-            logger.info("skipping upload %r: %s", incoming.filename, error)
+            logger.info("rejecting upload %r: %s", incoming.filename, error)
+            self.rejected.append(RejectedFile(incoming.filename, str(error)))
             return
         claimed = self.claim(name)
         if claimed is None:
@@ -155,7 +181,7 @@ class _UploadBatch:
     def adopt(self, name: str, staging: Staging, sha256: str, content_type: str) -> bool:
         """Take a file already staged and hashed (a finished resumable upload) into the batch.
 
-        Returns False when its name was skipped (SPEC D14, or an unsafe destination).
+        Returns False when its destination cannot be replaced.
         """
         self.count += 1
         claimed = self.claim(name)
@@ -167,14 +193,11 @@ class _UploadBatch:
 
     def claim(self, name: str) -> str | None:
         """The name a normalized file is stored under, by the `on_conflict` rule; None when
-        it must be skipped (a staging name or a destination that cannot be replaced).
+        its destination cannot be replaced (a link, a folder: SPEC 2.1.3).
 
         Raises:
             NameConflict: `reject` and the name is taken.
         """
-        if is_staging_name(name):
-            self.skipped.append(name)  # SPEC D14: never stored, never hidden by accident
-            return None
         exists = os.path.lexists
         if self.on_conflict is OnConflict.REJECT and exists(self.folder / name):
             raise NameConflict(name)
@@ -207,11 +230,8 @@ class _UploadBatch:
         item.sha256, item.content_type = staging.finish(item.name)
 
     def _ensure_folder(self) -> None:
-        if self.folder.is_dir():
-            return
-        missing = [self.folder, *(p for p in self.folder.parents if not p.exists())]
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._created_dirs = missing  # innermost first, so a rollback can rmdir in order
+        if not self._created_dirs:  # created without following a link planted on the way
+            self._created_dirs = self._make_dirs(self.folder)  # innermost first, for rollback
 
     def discard(self) -> None:
         """Remove every staging file and any folder this request created."""
@@ -296,7 +316,7 @@ class UploadService:
         """
         validate_thread_id(thread_id)
         folder = self.uploads_dir(thread_id, user_id)
-        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict))
+        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict), self.paths.make_dirs)
         try:
             for incoming in files:
                 batch.add(incoming)
@@ -306,7 +326,7 @@ class UploadService:
         except BaseException:
             batch.discard()
             raise
-        return UploadResult(saved, batch.skipped)
+        return UploadResult(saved, batch.skipped, batch.rejected)
 
     def commit_staged(
         self,
@@ -331,7 +351,7 @@ class UploadService:
         """
         validate_thread_id(thread_id)
         folder = self.uploads_dir(thread_id, user_id)
-        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict))
+        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict), self.paths.make_dirs)
         try:
             if not batch.adopt(name, staging, sha256, content_type):
                 raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
@@ -349,6 +369,9 @@ class UploadService:
         current = ""
         try:
             with self.records.locked(scope) as txn:
+                # Streaming took a while: a link planted meanwhile is refused before any
+                # rename goes through it.
+                self.paths.checked(batch.folder)
                 seen = {s.record.sha256: s.record.filename for s in txn.all()}
                 for item in batch.staged:
                     current = item.name
@@ -412,8 +435,8 @@ class UploadService:
             and now - verified[1] < RESCAN_SECONDS
         ):
             return [s.record for s in self.records.all(scope)]
-        on_disk = scan_regular_files(folder)
         stored = self.records.all(scope)
+        on_disk = scan_regular_files(folder, {s.record.filename: s.inode for s in stored})
         if _in_sync(on_disk, stored):
             records = [s.record for s in stored]
         else:
@@ -441,7 +464,7 @@ class UploadService:
         # event loop (a large file must not stall other connections).
         hashed = off_loop(_hash_changed, folder, on_disk, known)
         with self.records.locked(scope) as txn:
-            current = scan_regular_files(folder)
+            current = scan_regular_files(folder, {s.record.filename: s.inode for s in txn.all()})
             for s in txn.all():
                 if s.record.filename not in current:
                     txn.delete(s.record.filename)
@@ -454,6 +477,19 @@ class UploadService:
                 )
                 txn.put(StoredRecord(record, facts.mtime_ns, facts.inode))
             return [s.record for s in txn.all()]
+
+    def resolve_artifact(
+        self, thread_id: str, virtual_path: str, user_id: str | None = None
+    ) -> Artifact:
+        """A file of the thread's user-data to send, hard links in uploads/ served only when
+        the listing includes them (see `resolve_artifact`)."""
+        return resolve_artifact(
+            self.paths,
+            thread_id,
+            virtual_path,
+            user_id,
+            lambda name: any(r.filename == name for r in self.list_uploads(thread_id, user_id)),
+        )
 
     def get_upload(self, thread_id: str, filename: str, user_id: str | None = None) -> UploadRecord:
         """One upload's record.
@@ -520,29 +556,23 @@ class UploadService:
         if "/" in new_name:  # a new name is a name; an upload's client path is cut, not this
             raise UnsafeFilename("A new name cannot contain /")
         target = normalize_filename(new_name)
-        if is_staging_name(target):
-            raise UnsafeFilename(f"{target} is reserved for uploads in progress")
         folder = self.uploads_dir(thread_id, user_id)
         self._require_regular_file(folder / filename, filename)
         self.list_uploads(thread_id, user_id)
         if target == filename:
             return self.get_upload(thread_id, filename, user_id)
         with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+            stored = txn.get(filename)
+            if stored is None:  # not listed, e.g. a hard link to a file outside the thread
+                raise UploadNotFound(filename)
             target = self._rename_target(folder, target, OnConflict(on_conflict))
             if txn.get(target) is not None:
                 self._drop_companions(txn, folder, target)
                 txn.delete(target)
             os.replace(folder / filename, folder / target)
-            stored = txn.get(filename)
             txn.delete(filename)
             info = (folder / target).lstat()
-            record = (
-                replace(stored.record, filename=target, original_filename=None)
-                if stored
-                else _record_from_disk(
-                    target, facts_of(info), *hash_and_sniff(folder / target), previous=None
-                )
-            )
+            record = replace(stored.record, filename=target, original_filename=None)
             txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino))
             for other in txn.all():
                 if other.record.converted_from == filename:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
+from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import Area
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.records import UploadRecords
@@ -27,14 +31,18 @@ class ThreadOverview:
 
 
 def _folder_time(paths: ThreadPaths, thread_id: str, user_id: str | None) -> float:
-    """The newest mtime among the thread folder and its user-data areas."""
-    candidates = [paths.thread_dir(thread_id, user_id)]
-    candidates.extend(paths.area_dir(thread_id, area, user_id) for area in Area)
+    """The newest mtime among the thread folder and its user-data areas.
+
+    A folder that is a link is left out (never followed), so one planted link does not
+    take the whole index down; the thread's own pages refuse it with a clear error.
+    """
+    folders: list[Callable[[], Path]] = [lambda: paths.thread_dir(thread_id, user_id)]
+    folders.extend(partial(paths.area_dir, thread_id, area, user_id) for area in Area)
     times = []
-    for folder in candidates:
+    for folder in folders:
         try:
-            times.append(os.stat(folder).st_mtime)
-        except OSError:
+            times.append(os.stat(folder(), follow_symlinks=False).st_mtime)
+        except (OSError, UnsafeFolder):
             continue
     return max(times, default=0.0)
 
