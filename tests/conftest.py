@@ -23,6 +23,7 @@ import pytest
 import yaml
 from argon2 import PasswordHasher
 from flask import Flask
+from flask import request_finished
 from flask.testing import FlaskClient
 from werkzeug.datastructures import Headers
 from werkzeug.test import TestResponse
@@ -31,6 +32,7 @@ from deerflow_web.services.accounts.passwords import Passwords
 from deerflow_web.settings import parse_bool
 from deerflow_web.web import create_app
 from deerflow_web.web.wiring import EXTENSION_KEY
+from tests.openapi_check import check_response
 
 AUTH_ON = not parse_bool(os.environ.get("DEER_FLOW_AUTH_DISABLED", ""))
 TEST_EMAIL = "tester@example.com"
@@ -46,6 +48,13 @@ FAST_PASSWORDS = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
 needs_auth = pytest.mark.skipif(not AUTH_ON, reason="accounts are off (DEER_FLOW_AUTH_DISABLED)")
 
 T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _responses_fit_the_api_description() -> Iterator[None]:
+    """Every API response any test receives must fit the OpenAPI document its app serves."""
+    with request_finished.connected_to(check_response):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -40,6 +40,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         static_folder=str(PROJECT_ROOT / "static"),
     )
     app.json = OrjsonProvider(app)
+    # `//` in a URL matches nothing rather than redirecting: an empty id or name is a 404,
+    # as on DeerFlow's gateway, and never a 308 to some other route.
+    app.url_map.merge_slashes = False
     app.request_class = AppRequest
     app.config.update(
         SECRET_KEY=wiring.persistent_secret_key(settings.base_dir),
@@ -68,6 +71,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     cli.init_app(app)
 
     from deerflow_web.web import api
+    from deerflow_web.web import api_docs
     from deerflow_web.web import chat
     from deerflow_web.web import health
     from deerflow_web.web import pages
@@ -87,6 +91,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.register_blueprint(auth_api.bp)
         app.register_blueprint(auth_api.admin_bp)
         app.register_blueprint(account_pages.bp)
+    app.register_blueprint(api_docs.bp)
     app.register_blueprint(health.bp)
     app.after_request(add_security_headers)
     register_error_handlers(app)

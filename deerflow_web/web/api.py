@@ -12,6 +12,7 @@ from flask import send_file
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
 from werkzeug.http import parse_range_header
+from werkzeug.routing import PathConverter
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.models import OnConflict
@@ -30,6 +31,20 @@ bp = Blueprint("api", __name__, url_prefix="/api")
 # The resumable (tus) routes live under /api as a nested blueprint, so every check of this
 # blueprint (the origin check below, and whatever guards the API) covers them too.
 bp.register_blueprint(tus.bp)
+
+
+class VirtualPathConverter(PathConverter):
+    """Werkzeug's `path` that also takes a leading slash, as DeerFlow's `{path:path}` does.
+
+    So `.../artifacts//mnt/user-data/x` (a client joining the URL and a virtual path) finds
+    the file instead of no route; and a name holding a line break (names keep control
+    characters) still matches, which `.` would not.
+    """
+
+    regex = r"/?[^/][\s\S]*?"
+
+
+bp.record_once(lambda state: state.app.url_map.converters.setdefault("vpath", VirtualPathConverter))
 
 
 @bp.before_request
@@ -110,13 +125,13 @@ def delete_upload(thread_id: str, filename: str) -> ResponseReturnValue:
 
 @bp.post("/threads/<thread_id>/uploads/<filename>/rename")
 def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
-    """Rename one upload; `new_name` and `on_conflict` come as JSON or form fields."""
+    """Rename one upload; `new_name` and `on_conflict` come as a JSON object or form fields."""
     validate_thread_id(thread_id)
     # JSON when the client says so (a malformed body is 400), else form fields
     body = request.get_json() if request.is_json else request.form
     if not isinstance(body, Mapping):
         raise InvalidInput("Input should be a valid dictionary", ("body",), None)
-    new_name = body.get("new_name") or body.get("name")
+    new_name = body.get("new_name")
     if not isinstance(new_name, str) or not new_name:
         raise InvalidInput("Field required", ("body", "new_name"))
     on_conflict = OnConflict.named(body.get("on_conflict"), OnConflict.REJECT)
@@ -156,7 +171,7 @@ def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
     return info, 200 if status.finished else 202
 
 
-@bp.get("/threads/<thread_id>/artifacts/<path:virtual_path>")
+@bp.get("/threads/<thread_id>/artifacts/<vpath:virtual_path>")
 def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
     validate_thread_id(thread_id)
@@ -170,7 +185,7 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
         mimetype=artifact.response_type(attachment),
         conditional=True,
         as_attachment=attachment,
-        download_name=artifact.name,
+        download_name=quote(artifact.name, safe=""),  # replaced below; a name may hold CR or LF
         etag=True,
     )
     kind = "attachment" if attachment else "inline"

@@ -62,6 +62,8 @@ PUBLIC_ENDPOINTS = frozenset(
         "account_pages.login",
         "account_pages.setup",
         "pages.set_language",
+        "api_docs.openapi_json",
+        "api_docs.api_docs",
     }
 )
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})

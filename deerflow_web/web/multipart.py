@@ -273,7 +273,8 @@ class MultipartReader:
     """Yields each `files` part as an `IncomingFile`; collects small text fields on the way.
 
     Fields sent before the files (such as `on_conflict`) are in `fields` by the time the
-    first file is yielded. Each part's stream is valid until the next part is requested.
+    first file is yielded; a `leading_fields` field sent after a file is refused rather than
+    ignored. Each part's stream is valid until the next part is requested.
     """
 
     def __init__(
@@ -281,10 +282,12 @@ class MultipartReader:
         body: RequestBody,
         boundary: bytes,
         file_field: str = "files",
+        leading_fields: frozenset[str] = frozenset({"on_conflict"}),
         max_length: int | None = None,
     ) -> None:
         self._body = BodyReader(body, boundary, max_length)
         self._file_field = file_field
+        self._leading_fields = leading_fields
         self.fields: dict[str, str] = {}
         self._fields_size = 0
 
@@ -303,6 +306,9 @@ class MultipartReader:
                 seen_files = True
                 yield IncomingFile(filename, part)
             elif name:
+                if seen_files and name in self._leading_fields:
+                    # The files before it are stored already, under the rule it would change.
+                    raise MalformedUpload(f"The {name} field must come before the files")
                 value = self._read_field(part)
                 self._fields_size += len(name) + len(value)
                 if self._fields_size > MAX_FIELDS_TOTAL_BYTES:

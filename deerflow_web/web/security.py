@@ -25,6 +25,7 @@ from werkzeug.exceptions import Forbidden
 
 from deerflow_web.services.files.artifacts import Presentation
 
+API_DOCS_PAGE = "api_docs.api_docs"  # the one page under /api/ (Swagger UI)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 PAGE_CSP = "; ".join(
@@ -147,10 +148,10 @@ def add_security_headers(response: Response) -> Response:
     """Headers every response gets; pages and API answers each get a strict CSP."""
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")
-    if request.path.startswith("/api/"):
+    if request.path.startswith("/api/") and request.endpoint != API_DOCS_PAGE:
         # JSON, errors and files alike: nothing under /api/ is ever a page that may act.
         response.headers.setdefault("Content-Security-Policy", artifact_csp(None))
-    elif response.mimetype == "text/html":
+    elif response.mimetype == "text/html":  # pages, and the API docs page
         response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
         response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
     return response

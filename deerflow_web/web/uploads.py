@@ -83,9 +83,8 @@ def accept_uploads(
     thread_id: str, fields: Mapping[str, str], files: Iterator[IncomingFile]
 ) -> AcceptedUploads:
     """Stream `files` into the upload intake; `on_conflict` from the query or the fields."""
-    on_conflict = OnConflict.named(
-        request.args.get("on_conflict") or fields.get("on_conflict"), OnConflict.REPLACE
-    )
+    field = OnConflict.named(fields.get("on_conflict"), OnConflict.REPLACE)
+    on_conflict = OnConflict.named(request.args.get("on_conflict"), field)  # the query wins
     return get_services().intake.accept(
         thread_id, files, on_conflict=on_conflict, user_id=current_user_id()
     )

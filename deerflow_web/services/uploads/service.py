@@ -553,6 +553,8 @@ class UploadService:
         """
         validate_thread_id(thread_id)
         _check_single_segment(filename)
+        if "/" in new_name:  # a new name is a name; an upload's client path is cut, not this
+            raise UnsafeFilename("A new name cannot contain /")
         target = normalize_filename(new_name)
         folder = self.uploads_dir(thread_id, user_id)
         self._require_regular_file(folder / filename, filename)
