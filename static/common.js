@@ -25,6 +25,8 @@ export function visible(text) {
       ? "\\x" + ("0" + code.toString(16)).slice(-2)
       : "\\u" + ("000" + code.toString(16)).slice(-4);
   });
+}
+
 /**
  * Headers that let the page change things through the JSON API: the form token and, with
  * accounts on, the `csrf_token` cookie echoed in X-CSRF-Token (read on every call, because
