@@ -124,9 +124,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(base_dir: Path, port: int, config: Path | None = None) -> subprocess.Popen:
-    provision_server_user(base_dir)
+def start_server(
+    base_dir: Path, port: int, config: Path | None = None, *, single_user: bool = False
+) -> subprocess.Popen:
+    """`make run`'s server on `port`; with accounts on (unless `single_user`) its requests need
+    the test user's token (`auth_header_line`)."""
     env = {**os.environ, "DEER_FLOW_HOME": str(base_dir)}
+    if single_user:
+        env["DEER_FLOW_AUTH_DISABLED"] = "1"
+    else:
+        provision_server_user(base_dir)
     if config is not None:
         env["DEER_FLOW_CONFIG_PATH"] = str(config)
     process = subprocess.Popen(

@@ -57,7 +57,7 @@ def throttle(watched: Watched, bytes_per_second: int) -> None:
 
 def staged_bytes(base_dir: Path) -> int:
     """What the server holds of the upload in progress (0 before it has begun)."""
-    folder = uploads_dir(base_dir, THREAD)
+    folder = uploads_dir(base_dir, THREAD, None)  # the live server runs single-user
     if not folder.exists():
         return 0
     sizes = [(folder / n).stat().st_size for n in os.listdir(folder) if is_staging_name(n)]
@@ -88,7 +88,7 @@ def assert_stored_once(watched: Watched, base_dir: Path, path: Path) -> None:
     rows = page.locator("#files-table tbody tr")
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text(path.name)
-    stored = uploads_dir(base_dir, THREAD) / path.name
+    stored = uploads_dir(base_dir, THREAD, None) / path.name  # the live server is single-user
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert hashlib.sha256(stored.read_bytes()).hexdigest() == digest
     assert [n for n in os.listdir(stored.parent) if is_staging_name(n)] == []
@@ -148,7 +148,7 @@ def test_upload_resumes_after_a_page_reload(
     assert not [u for u in page.posts if u.endswith("/uploads/tus")]
     rows = page.page.locator("#files-table tbody tr")
     expect(rows).to_have_count(1)
-    stored = uploads_dir(base_dir, THREAD) / big_file.name
+    stored = uploads_dir(base_dir, THREAD, None) / big_file.name  # single-user server
     assert stored.read_bytes() == big_file.read_bytes()
 
 
@@ -156,7 +156,7 @@ def test_upload_resumes_after_a_page_reload(
 def gunicorn(base_dir: Path):
     """A real gunicorn server that the test can kill and start again on the same port."""
     port = free_port()
-    processes: list[subprocess.Popen] = [start_gunicorn(base_dir, port)]
+    processes: list[subprocess.Popen] = [start_gunicorn(base_dir, port, single_user=True)]
 
     class Control:
         url = f"http://127.0.0.1:{port}"
@@ -166,7 +166,7 @@ def gunicorn(base_dir: Path):
             processes[-1].wait()
 
         def start(self) -> None:
-            processes.append(start_gunicorn(base_dir, port))
+            processes.append(start_gunicorn(base_dir, port, single_user=True))
 
     yield Control()
     for process in processes:
