@@ -251,8 +251,9 @@ def auth_header_line() -> str:
     return f"Authorization: Bearer {SERVER_TOKEN}\r\n" if AUTH_ON else ""
 
 
-def provision_server_user(base_dir: Path) -> None:
-    """Before a subprocess server starts on `base_dir`: the test user and SERVER_TOKEN."""
+def provision_server_user(base_dir: Path, *, database_url: str | None = None) -> None:
+    """Before a subprocess server starts on `base_dir` (and `database_url`, if not the
+    default): the test user and SERVER_TOKEN."""
     if not AUTH_ON:
         return
     import hashlib
@@ -266,7 +267,7 @@ def provision_server_user(base_dir: Path) -> None:
     from deerflow_web.storage.database import default_database_url
     from deerflow_web.storage.database import make_engine
 
-    engine = make_engine(default_database_url(base_dir))
+    engine = make_engine(database_url or default_database_url(base_dir))
     create_schema(engine)
     accounts = AccountService(engine, Passwords(FAST_PASSWORDS))
     if accounts.find_by_email(TEST_EMAIL) is None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import socket
 import threading
 import tracemalloc
@@ -26,11 +25,10 @@ from deerflow_web.web.multipart import MultipartReader
 from deerflow_web.web.multipart import upload_body_limit
 from deerflow_web.web.request_body import WsgiBody
 from tests.conftest import uploads_dir
+from tests.live_server import start_server
 from tests.test_robustness import HOST
-from tests.test_robustness import free_port
 from tests.test_robustness import http
 from tests.test_robustness import read_response
-from tests.test_robustness import start_server
 
 MAX_TOTAL = 256 * 1024
 FIELD = b"f" * 64_000  # just under the 64 KiB a single field may hold
@@ -183,8 +181,8 @@ def test_a_chunked_body_of_fields_is_cut_short_under_gunicorn(tmp_path: Path, na
     config = tmp_path / "config.yaml"
     config.write_text(f"uploads:\n  max_total_size: {MAX_TOTAL}\n", encoding="utf-8")
     base_dir = tmp_path / "home"
-    port = free_port()
-    server = start_server(base_dir, port, config)
+    server = start_server(base_dir, config)
+    port = server.port
     total = 40 * 1024 * 1024
     sent = 0
     stop = threading.Event()
@@ -226,5 +224,4 @@ def test_a_chunked_body_of_fields_is_cut_short_under_gunicorn(tmp_path: Path, na
         assert not folder.exists() or os.listdir(folder) == []
     finally:
         stop.set()
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        server.kill()

@@ -7,7 +7,6 @@ import hashlib
 import io
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,6 @@ import pytest
 import yaml
 from conftest import UploadActions
 from conftest import auth_header_line
-from conftest import provision_server_user
 from conftest import uploads_dir
 from conftest import wait_until
 
@@ -26,6 +24,8 @@ from deerflow_web.models import IncomingFile
 from deerflow_web.storage.local import StagingFile
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.paths import ThreadPaths
+from tests.live_server import raw_request
+from tests.live_server import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "Host: 127.0.0.1\r\n" + auth_header_line()  # raw requests carry the test user's token
@@ -118,68 +118,13 @@ def test_client_disconnect_mid_upload(client, base_dir: Path) -> None:
     assert not folder.exists() or os.listdir(folder) == []
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(
-    base_dir: Path, port: int, config: Path | None = None, *, single_user: bool = False
-) -> subprocess.Popen:
-    """`make run`'s server on `port`; with accounts on (unless `single_user`) its requests need
-    the test user's token (`auth_header_line`)."""
-    env = {**os.environ, "DEER_FLOW_HOME": str(base_dir)}
-    if single_user:
-        env["DEER_FLOW_AUTH_DISABLED"] = "1"
-    else:
-        provision_server_user(base_dir)
-    if config is not None:
-        env["DEER_FLOW_CONFIG_PATH"] = str(config)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--worker-class",
-            "deerflow_web.web.server.Worker",  # what make run uses
-            "--workers",
-            "1",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--no-control-socket",
-            "app:app",
-        ],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def answers() -> bool:
-        try:  # answered by the app, not just accepted by the listening socket
-            return http(port, "GET", "/api/threads/x/uploads/limits").startswith(b"HTTP/1.1 200")
-        except OSError:
-            return False
-
-    try:
-        wait_until(answers, timeout=30, interval=0.1)
-    except AssertionError:
-        process.kill()
-        raise AssertionError("server did not start") from None
-    return process
-
-
 def http(port: int, method: str, path: str) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(f"{method} {path} HTTP/1.1\r\n{HOST}Connection: close\r\n\r\n".encode())
-        return b"".join(iter(lambda: sock.recv(65536), b""))
+    return raw_request(port, method, path, auth_header_line())
 
 
 def test_server_killed_mid_upload(base_dir: Path) -> None:
-    port = free_port()
-    server = start_server(base_dir, port)
+    server = start_server(base_dir)
+    port = server.port
     folder = uploads_dir(base_dir, "T")
     try:
         head = b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="big.bin"\r\n\r\n'
@@ -191,17 +136,15 @@ def test_server_killed_mid_upload(base_dir: Path) -> None:
         )
         wait_until(lambda: folder.exists() and os.listdir(folder))
         assert [name.startswith(".upload-") for name in os.listdir(folder)] == [True]
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        server.kill()
         sock.close()
-        server = start_server(base_dir, port)
+        server.start()
         listing = http(port, "GET", "/api/threads/T/uploads/list")
         assert listing.endswith(b'{"files":[],"count":0}\n')
         assert os.listdir(folder) == []  # swept at start-up
         assert b"404" in http(port, "GET", "/api/threads/T/artifacts/mnt/user-data/uploads/big.bin")
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        server.kill()
 
 
 def read_response(sock: socket.socket, pending: bytearray) -> tuple[int, bytes]:
@@ -259,8 +202,8 @@ def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> N
     config = tmp_path / "config.yaml"
     config.write_text(f"uploads:\n  max_file_size: {3 * 2**20 // 2}\n", encoding="utf-8")
     base_dir = tmp_path / "home"
-    port = free_port()
-    server = start_server(base_dir, port, config)
+    server = start_server(base_dir, config)
+    port = server.port
     big, small, chunked = os.urandom(1_300_000), b"small file", os.urandom(200_000)
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
@@ -289,14 +232,13 @@ def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> N
             assert names == ["big.bin", "chunked.bin", "small.txt"]
         assert sorted(os.listdir(uploads_dir(base_dir, "T"))) == names
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        server.kill()
 
 
 def test_client_gone_mid_upload_under_gunicorn_leaves_nothing(base_dir: Path) -> None:
     """The body read straight from gunicorn's socket ends early: no file, server still up."""
-    port = free_port()
-    server = start_server(base_dir, port)
+    server = start_server(base_dir)
+    port = server.port
     folder = uploads_dir(base_dir, "T")
     try:
         request = upload_request("cut.bin", os.urandom(3_000_000))
@@ -309,8 +251,7 @@ def test_client_gone_mid_upload_under_gunicorn_leaves_nothing(base_dir: Path) ->
             b'{"files":[],"count":0}\n'
         )
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        server.kill()
 
 
 WRITER = textwrap.dedent(

@@ -11,8 +11,6 @@ import json
 import os
 import resource
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,25 +20,15 @@ import yaml
 
 from tests.conftest import uploads_dir
 from tests.documents import make_docx
+from tests.live_server import LiveServer
+from tests.live_server import raw_request
 
-ROOT = Path(__file__).resolve().parents[1]
 IDLE_SECONDS = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def request(port: int, method: str, path: str, body: bytes = b"", timeout: float = 30) -> bytes:
     """One request on its own connection; the whole raw response."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-        if body:
-            head += f"Content-Length: {len(body)}\r\n"
-        sock.sendall(head.encode() + b"\r\n" + body)
-        return b"".join(iter(lambda: sock.recv(65536), b""))
+    return raw_request(port, method, path, body=body, timeout=timeout)
 
 
 def json_body(response: bytes) -> dict:
@@ -49,59 +37,17 @@ def json_body(response: bytes) -> dict:
 
 @contextlib.contextmanager
 def gunicorn(base_dir: Path, tmp_path: Path, **uploads: object) -> Iterator[int]:
-    """gunicorn with make run's worker class, one worker, stopped and reaped at the end."""
+    """`make run`'s server with one worker, stopped and reaped at the end.
+
+    The server mechanics are the same with accounts on; these raw clients sign in as no one.
+    """
     config = tmp_path / "config.yaml"
     config.write_text(
         yaml.safe_dump({"server": {"idle_timeout_seconds": IDLE_SECONDS}, "uploads": uploads})
     )
-    port = free_port()
-    env = {
-        **os.environ,
-        "DEER_FLOW_HOME": str(base_dir),
-        "DEER_FLOW_CONFIG_PATH": str(config),
-        # The server mechanics are the same with accounts on; these raw clients sign in as no one.
-        "DEER_FLOW_AUTH_DISABLED": "1",
-    }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--worker-class",
-            "deerflow_web.web.server.Worker",
-            "--workers",
-            "1",
-            "--worker-connections",
-            "2000",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--no-control-socket",
-            "app:app",
-        ],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if request(port, "GET", "/healthz").startswith(b"HTTP/1.1 200"):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise AssertionError("server did not start") from None
-                time.sleep(0.2)
-        yield port
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    server = LiveServer(base_dir, config=config, single_user=True, worker_connections=2000)
+    with server.start():
+        yield server.port
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 from pathlib import Path
 
@@ -17,11 +16,10 @@ import pytest
 from conftest import UploadActions
 from conftest import uploads_dir
 from test_robustness import HOST as RAW_HOST
-from test_robustness import free_port
-from test_robustness import start_server
 
 from deerflow_web.web.errors import MALFORMED_BODY
 from deerflow_web.web.errors import NAME_TOO_LONG
+from tests.live_server import start_server
 
 HOST = RAW_HOST.encode()  # Host (and, with accounts on, the test token) of raw requests
 
@@ -168,8 +166,8 @@ BROKEN_CHUNKS = {
 
 def test_broken_chunked_bodies_under_gunicorn(base_dir: Path) -> None:
     """gunicorn decodes the chunks as the app reads: a broken one is 400, the server lives."""
-    port = free_port()
-    server = start_server(base_dir, port)
+    server = start_server(base_dir)
+    port = server.port
     upload_head = (
         b"POST /api/threads/T/uploads HTTP/1.1\r\n"
         + HOST
@@ -204,8 +202,7 @@ def test_broken_chunked_bodies_under_gunicorn(base_dir: Path) -> None:
         status, answer = _first_response(_exchange(port, evil))
         assert status == 400 and "Unknown host" in answer["detail"]
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        server.kill()
 
 
 @pytest.mark.parametrize("url", ["/threads/T/chat", "/threads/T/rename", "/threads/T/delete"])

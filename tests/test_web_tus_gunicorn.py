@@ -7,9 +7,7 @@ import base64
 import hashlib
 import io
 import os
-import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,43 +18,22 @@ from conftest import AUTH_ON
 from conftest import SERVER_TOKEN
 from conftest import auth_header_line
 from conftest import uploads_dir
-from test_robustness import free_port
-from test_robustness import start_server
 from tusclient import client as tus_client
 from tusclient.storage.filestorage import FileStorage
 
 from deerflow_web.storage.paths import is_staging_name
+from tests.live_server import start_server
 
 MIB = 1024 * 1024
 
 
 @pytest.fixture
 def server(base_dir: Path, tmp_path: Path):
-    """A gunicorn server (one gthread worker) allowing 128 MiB files; restartable."""
+    """A gunicorn server allowing 128 MiB files; `kill()` and `start()` it again on its port."""
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"uploads": {"max_file_size": 128 * MIB}}))
-    port = free_port()
-
-    class Server:
-        url = f"http://127.0.0.1:{port}"
-
-        def __init__(self) -> None:
-            self.process: subprocess.Popen | None = None
-            self.start()
-
-        def start(self) -> None:
-            self.process = start_server(base_dir, port, config)
-
-        def kill(self) -> None:
-            assert self.process is not None
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-            self.process = None
-
-    running = Server()
-    yield running
-    if running.process is not None:
-        running.kill()
+    with start_server(base_dir, config) as running:
+        yield running
 
 
 # Requests to a server with accounts on carry the test user's token.

@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +17,7 @@ from playwright.sync_api import expect
 from deerflow_web.storage.paths import is_staging_name
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
-from tests.test_robustness import free_port
-from tests.test_robustness import start_server as start_gunicorn
+from tests.live_server import start_server
 
 pytestmark = pytest.mark.browser
 
@@ -155,24 +152,8 @@ def test_upload_resumes_after_a_page_reload(
 @pytest.fixture
 def gunicorn(base_dir: Path):
     """A real gunicorn server that the test can kill and start again on the same port."""
-    port = free_port()
-    processes: list[subprocess.Popen] = [start_gunicorn(base_dir, port, single_user=True)]
-
-    class Control:
-        url = f"http://127.0.0.1:{port}"
-
-        def kill(self) -> None:
-            os.killpg(processes[-1].pid, signal.SIGKILL)
-            processes[-1].wait()
-
-        def start(self) -> None:
-            processes.append(start_gunicorn(base_dir, port, single_user=True))
-
-    yield Control()
-    for process in processes:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    with start_server(base_dir, single_user=True) as server:
+        yield server
 
 
 def test_upload_survives_a_server_restart_between_two_chunks(
