@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-scale browser clean
+.PHONY: run test lint bench bench-scale bench-instances browser nginx clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,10 +41,16 @@ browser:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# Debian's nginx for the tests of deploy/nginx.conf; the tests run it as a private process.
+nginx:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq nginx >/dev/null; }
+
 # The suite runs in both modes of SPEC 7.1: accounts on (the default), then the single-user
 # mode of the first release. The browser tests run in the first pass only: the file-manager
 # ones always serve the single-user mode, the account ones need accounts on.
-test: $(VENV)/.test browser
+test: $(VENV)/.test browser nginx
 	$(BIN)/python -m pytest -q
 	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -m "not browser"
 
@@ -57,6 +63,10 @@ bench: $(VENV)/.test
 # Slow clients, no-regression ratios against the previous server, lists at scale.
 bench-scale: $(VENV)/.test
 	$(BIN)/python bench/bench_scale.py
+
+# One instance vs two on one data dir; list latency on SQLite (and on $DATABASE_URL if set).
+bench-instances: $(VENV)/.test
+	$(BIN)/python bench/bench_instances.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

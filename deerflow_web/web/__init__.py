@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Flask
 from flask import request
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from deerflow_web.settings import load_settings
 from deerflow_web.web.json_provider import AppRequest
@@ -66,8 +67,19 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     wiring.init_app(app, settings)
     helpers.register(app)
     app.add_template_global(auth.signed_in, "auth_user")
+    if settings.trusted_proxies:
+        # Behind a load balancer: the client's address (lockouts), scheme (Secure cookies),
+        # host and port (the same-origin check of security.py) come from X-Forwarded-*,
+        # set by as many proxies as are trusted; in both modes.
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app,
+            x_for=settings.trusted_proxies,
+            x_proto=settings.trusted_proxies,
+            x_host=settings.trusted_proxies,
+            x_port=settings.trusted_proxies,
+        )
     if settings.auth.enabled:
-        auth.init_app(app, settings.trusted_proxies)
+        auth.init_app(app)
     cli.init_app(app)
 
     from deerflow_web.web import api

@@ -38,7 +38,6 @@ from flask_login import LoginManager
 from flask_login import UserMixin
 from flask_login import current_user
 from werkzeug.exceptions import Forbidden
-from werkzeug.middleware.proxy_fix import ProxyFix
 
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.services.accounts.service import SESSION_SECONDS
@@ -301,16 +300,8 @@ def _load_session_user(secret: str) -> SignedInUser | None:
     return None if account is None else SignedInUser(account, secret)
 
 
-def init_app(app: Flask, trusted_proxies: int) -> None:
+def init_app(app: Flask) -> None:
     """Install sessions, the request gate and the cookie settings of SPEC 7.3."""
-    if trusted_proxies:
-        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
-            app.wsgi_app,
-            x_for=trusted_proxies,
-            x_proto=trusted_proxies,
-            x_host=trusted_proxies,
-            x_port=trusted_proxies,
-        )
     app.session_interface = RequestSecureSessionInterface()
     app.config["PERMANENT_SESSION_LIFETIME"] = timedelta(seconds=SESSION_SECONDS)
     app.config["SESSION_COOKIE_HTTPONLY"] = True
