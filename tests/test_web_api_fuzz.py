@@ -17,16 +17,16 @@ import importlib.util
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.live_server import LiveServer
 
 pytestmark = pytest.mark.fuzz
 
@@ -45,26 +45,6 @@ class Server:
     url: str
     log: Path
     headers: list[str]  # -H values for schemathesis
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_up(url: str, server: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"gunicorn exited:\n{log.read_text(errors='replace')}", pytrace=False)
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    pytest.fail(f"gunicorn did not answer {url}:\n{log.read_text(errors='replace')}")
 
 
 def _environment(tmp_path: Path, *, accounts: bool) -> dict[str, str]:
@@ -108,27 +88,17 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
         pytest.skip("this tree has no accounts yet")
     env = _environment(tmp_path, accounts=accounts)
     headers = [f"Authorization: Bearer {_api_token(env)}"] if accounts else []
-    port = _free_port()
     log = tmp_path / "gunicorn.log"
-    command = [  # as `make run` serves
-        *(sys.executable, "-m", "gunicorn", "--worker-class", "deerflow_web.web.server.Worker"),
-        *("--workers", "2", "--worker-connections", "100", "--timeout", "120"),
-        *("--bind", f"127.0.0.1:{port}", "--no-control-socket", "app:app"),
-    ]
-    env["DEER_FLOW_BIND_HOST"] = "127.0.0.1"
-    with log.open("wb") as output:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_up(url + "/openapi.json", process, log)
-        yield Server(url, log, headers)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    live = LiveServer(  # as `make run` serves
+        tmp_path / "data",
+        config=Path(env["DEER_FLOW_CONFIG_PATH"]),
+        single_user=not accounts,
+        workers=2,
+        worker_connections=100,
+        log=log,
+    )
+    with live.start():
+        yield Server(live.url, log, headers)
 
 
 def _operations(url: str) -> int:
