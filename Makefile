@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-scale browser clean
+.PHONY: run test lint bench bench-scale browser postgres clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,10 +41,17 @@ browser:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# Debian's PostgreSQL server binaries: the tests start a throw-away server with them
+# (tests/postgres.py) unless TEST_DATABASE_URL names one.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ -n "$$TEST_DATABASE_URL" ] || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq postgresql >/dev/null; }
+
 # The suite runs in both modes of SPEC 7.1: accounts on (the default), then the single-user
 # mode of the first release. The browser tests run in the first pass only: the file-manager
 # ones always serve the single-user mode, the account ones need accounts on.
-test: $(VENV)/.test browser
+test: $(VENV)/.test browser postgres
 	$(BIN)/python -m pytest -q
 	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -m "not browser"
 
