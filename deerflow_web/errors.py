@@ -333,6 +333,13 @@ class PermissionDenied(DeerFlowError):
     """The account lacks the role the action needs (admin endpoints)."""
 
 
+class SelfDisable(DeerFlowError):
+    """An admin asked to disable their own account: nobody would be left to enable it."""
+
+    def __init__(self) -> None:
+        super().__init__("An admin cannot disable their own account")
+
+
 class TokenNotFound(DeerFlowError):
     """No API token with that id among the caller's tokens."""
 

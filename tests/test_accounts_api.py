@@ -326,6 +326,9 @@ def test_forged_and_expired_tokens(app: Flask) -> None:
         {"name": 5},
         {"name": "x", "expires_in_days": "soon"},
         {"name": "x", "expires_in_days": 0},
+        {"name": "x", "expires_in_days": 3651},
+        {"name": "x", "expires_in_days": 2.5},
+        {"name": "x", "expires_in_days": True},
         {"name": "x" * 101},
     ),
 )
@@ -334,6 +337,15 @@ def test_bad_token_requests_are_422(app: Flask, body: dict[str, Any]) -> None:
     response = client.post(f"{AUTH}/tokens", json=body)
     assert response.status_code == 422
     assert client.get(f"{AUTH}/tokens").get_json() == {"tokens": []}
+
+
+def test_token_days_may_be_a_whole_float(app: Flask) -> None:
+    """JSON has one number type: 30.0 is the integer the document asks for."""
+    client = app.test_client()
+    response = create_token(client, expires_in_days=30.0)
+    assert response.status_code == 201, response.get_json()
+    created = response.get_json()
+    assert created["expires_at"] - created["created_at"] == 30 * 86400
 
 
 def test_another_users_token_cannot_be_deleted(app: Flask) -> None:
@@ -454,7 +466,10 @@ def test_admin_creates_disables_enables_and_resets(app: Flask, base_dir) -> None
 def test_admin_bad_input(app: Flask) -> None:
     admin = app.test_client()
     assert admin.post(f"{ADMIN}/users/nobody/disable").status_code == 404
-    assert admin.post(f"{ADMIN}/users/{USER_ID}/disable").status_code == 422  # not oneself
+    oneself = admin.post(f"{ADMIN}/users/{USER_ID}/disable")
+    assert oneself.status_code == 409, oneself.get_json()
+    assert oneself.get_json()["detail"] == "An admin cannot disable their own account"
+    assert not accounts_of(app).get_user(USER_ID).disabled
     bad_role = admin.post(
         f"{ADMIN}/users",
         json={"email": "d@example.com", "password": "d password", "system_role": "root"},

@@ -70,7 +70,8 @@ def _wait_until_up(url: str, server: subprocess.Popen[bytes], log: Path) -> None
 def _environment(tmp_path: Path, *, accounts: bool) -> dict[str, str]:
     """A fresh data dir and the shipped defaults (never a developer's config.yaml)."""
     config = tmp_path / "config.yaml"
-    config.write_text("uploads: {}\n", encoding="utf-8")
+    # Registration open, so POST /api/v1/auth/register is exercised, not only refused.
+    config.write_text("uploads: {}\nauth: {registration_enabled: true}\n", encoding="utf-8")
     env = {
         **os.environ,
         "DEER_FLOW_HOME": str(tmp_path / "data"),
@@ -94,18 +95,7 @@ def _api_token(env: dict[str, str]) -> str:
     return token.stdout.strip().splitlines()[-1]
 
 
-@pytest.fixture(
-    params=(
-        "accounts off",
-        pytest.param(
-            "accounts on",
-            # Not yet green: against the account routes (SPEC 7.2), schemathesis still reports
-            # schema-valid requests refused and one operation answering only 401/403. Those
-            # findings are to be fixed in the routes or the document, not excluded here.
-            marks=pytest.mark.skip(reason="account-route findings open (see the comment)"),
-        ),
-    )
-)
+@pytest.fixture(params=("accounts off", "accounts on"))
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     """`make run`'s gunicorn on a free loopback port with a fresh data dir; with accounts on,
     every request carries an admin's API token."""

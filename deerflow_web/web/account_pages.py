@@ -21,6 +21,7 @@ from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import InvalidCredentials
 from deerflow_web.errors import LockedOut
 from deerflow_web.errors import PermissionDenied
+from deerflow_web.errors import SelfDisable
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.web.account_forms import ChangePasswordForm
 from deerflow_web.web.account_forms import IdForm
@@ -262,16 +263,15 @@ def user_action(user_id: str, action: str) -> ResponseReturnValue:
             target = service.get_user(user_id)
             temporary = service.reset_password(user_id)
             return _admin_page(temporary=(target.email, temporary))
-        if action == "disable" and user_id == admin.id:
-            flash(_("You cannot disable your own account."), "error")
-        else:
-            account = service.set_disabled(user_id, action == "disable")
-            message = (
-                _("Disabled %(email)s.", email=account.email)
-                if action == "disable"
-                else _("Enabled %(email)s.", email=account.email)
-            )
-            flash(message, "success")
+        account = service.set_disabled(user_id, action == "disable", acting_user_id=admin.id)
+        message = (
+            _("Disabled %(email)s.", email=account.email)
+            if action == "disable"
+            else _("Enabled %(email)s.", email=account.email)
+        )
+        flash(message, "success")
+    except SelfDisable:
+        flash(_("You cannot disable your own account."), "error")
     except DeerFlowError as error:
         flash(str(error), "error")
     return redirect(url_for("account_pages.admin"))

@@ -30,6 +30,7 @@ from deerflow_web.errors import EmailTaken
 from deerflow_web.errors import InvalidCredentials
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import LockedOut
+from deerflow_web.errors import SelfDisable
 from deerflow_web.errors import TokenExpired
 from deerflow_web.errors import TokenInvalid
 from deerflow_web.errors import TokenNotFound
@@ -221,12 +222,17 @@ class AccountService:
             rows = db.execute(select(users).order_by(users.c.created_at, users.c.email)).all()
         return [_account(row) for row in rows]
 
-    def set_disabled(self, user_id: str, disabled: bool) -> Account:
+    def set_disabled(
+        self, user_id: str, disabled: bool, *, acting_user_id: str | None = None
+    ) -> Account:
         """Disable or enable an account; disabling ends its sessions at once.
 
         Tokens are checked against the account on every use, so they stop with it and
-        work again when it is enabled.
+        work again when it is enabled. The admin acting (`acting_user_id`) cannot disable
+        themselves (`SelfDisable`), so whoever acts always keeps a way back in.
         """
+        if disabled and user_id == acting_user_id:
+            raise SelfDisable()
         with write_transaction(self.engine) as db:
             result = db.execute(
                 update(users).where(users.c.id == user_id).values(disabled=disabled)
@@ -395,6 +401,8 @@ class AccountService:
             raise InvalidInput(
                 f"String should have at most {MAX_TOKEN_NAME} characters", ("body", "name"), name
             )
+        if isinstance(expires_in_days, float) and expires_in_days.is_integer():
+            expires_in_days = int(expires_in_days)  # JSON's 30.0 is the integer 30
         if expires_in_days is not None and (
             isinstance(expires_in_days, bool)
             or not isinstance(expires_in_days, int)
