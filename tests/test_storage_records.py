@@ -142,3 +142,26 @@ def test_chat_turns_live_in_the_same_database(base_dir: Path, database_url: str)
     assert history.turns("other") == []
     assert history.clear("s") == 2
     engine.dispose()
+
+
+def test_cached_sets_are_reused_until_any_writer_changes_the_thread(
+    base_dir: Path, database_url: str
+) -> None:
+    """The list cache hands out the same record objects while nothing changed (what the
+    listing caches above it key on), and sees every kind of write by another process."""
+    first = DatabaseUploadRecords(open_database(base_dir, database_url))
+    second = DatabaseUploadRecords(open_database(base_dir, database_url))  # another process
+    with first.locked("s") as txn:
+        txn.put(stored("a.pdf"))
+    once, twice = first.all("s"), first.all("s")
+    assert once == twice and all(a is b for a, b in zip(once, twice, strict=True))
+    second.set_conversion("s", "a.pdf", ConversionState.QUEUED, owner="h:1")
+    [record] = first.all("s")
+    assert record.record.conversion_state is ConversionState.QUEUED
+    assert second.move_scope("s", "t") == 1
+    assert first.all("s") == [] and len(first.all("t")) == 1
+    with second.locked("t") as txn:
+        txn.delete("a.pdf")
+    assert first.all("t") == []
+    first.engine.dispose()
+    second.engine.dispose()

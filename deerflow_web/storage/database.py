@@ -130,6 +130,15 @@ uploads = Table(
     sqlite_with_rowid=False,
 )
 
+record_versions = Table(
+    "record_versions",
+    metadata,
+    # Bumped in the transaction of every write to a thread's records, so a process can tell
+    # whether the records it cached are still the stored ones (PostgreSQL; see records.py).
+    Column("scope", Text, primary_key=True),
+    Column("version", BigInteger, nullable=False),
+)
+
 preview_turns = Table(
     "preview_turns",
     metadata,

@@ -35,10 +35,11 @@ from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.storage.database import is_sqlite
+from deerflow_web.storage.database import record_versions
 from deerflow_web.storage.database import uploads
 from deerflow_web.storage.database import write_transaction
 
-CACHED_SCOPES = 64  # threads whose records each pooled SQLite connection keeps in memory
+CACHED_SCOPES = 64  # threads whose records a pooled SQLite connection (or a process) keeps
 
 _RECORD_COLUMNS = (
     uploads.c.filename,
@@ -206,6 +207,23 @@ def _read_all(db: Connection, scope: str) -> list[StoredRecord]:
     return [_to_stored(tuple(row)) for row in rows]
 
 
+def _bump_version(db: Connection, scope: str) -> None:
+    """Count a change to the thread's records, in the transaction that makes it."""
+    dialect_insert = pg_insert if db.dialect.name == "postgresql" else sqlite_insert
+    statement = dialect_insert(record_versions).values(scope=scope, version=1)
+    db.execute(
+        statement.on_conflict_do_update(
+            index_elements=["scope"], set_={"version": record_versions.c.version + 1}
+        )
+    )
+
+
+def _read_version(db: Connection, scope: str) -> int | None:
+    return db.execute(
+        select(record_versions.c.version).where(record_versions.c.scope == scope)
+    ).scalar_one_or_none()
+
+
 def _read_one(db: Connection, scope: str, filename: str) -> StoredRecord | None:
     row = db.execute(
         select(*_RECORD_COLUMNS).where(uploads.c.scope == scope, uploads.c.filename == filename)
@@ -244,6 +262,7 @@ class _Transaction:
         result = self._db.execute(
             update(uploads).where(uploads.c.scope == self._scope).values(scope=new)
         )
+        _bump_version(self._db, new)
         return result.rowcount
 
 
@@ -258,6 +277,9 @@ class DatabaseUploadRecords:
         self.engine = engine
         self._sqlite = is_sqlite(engine)
         self._local = threading.local()  # the connection of an open transaction, if any
+        # PostgreSQL: scope -> (record_versions.version, records), checked on every read.
+        self._cache: OrderedDict[str, tuple[int | None, list[StoredRecord]]] = OrderedDict()
+        self._cache_lock = threading.Lock()
 
     @contextmanager
     def _connection(self) -> Iterator[Connection]:
@@ -277,15 +299,23 @@ class DatabaseUploadRecords:
     def all(self, scope: str) -> list[StoredRecord]:
         """Every record of the thread, by name.
 
-        Listing a large thread is the hot read. On SQLite each pooled connection keeps the
-        sets it read last, checked for freshness on every call: `PRAGMA data_version` moves
-        whenever another connection (any process) commits and `total_changes` whenever this
-        one writes, so the pair tells for certain whether the cached records are still the
-        stored ones. On PostgreSQL nothing is cached: every call reads the server.
+        Listing a large thread is the hot read, so the sets read last are kept, and checked
+        for freshness on every call (never trusted blindly):
+
+        - SQLite: per pooled connection. `PRAGMA data_version` moves whenever another
+          connection (any process) commits and `total_changes` whenever this one writes,
+          so the pair tells for certain whether the cached records are still the stored
+          ones.
+        - PostgreSQL: per process, keyed by the thread's `record_versions` row, which every
+          write to the thread's records bumps in its own transaction (any instance). The
+          version is read before the rows, so a write landing in between can only make the
+          cache look older than it is (one extra read), never newer.
         """
         with self._connection() as db:
-            if not self._sqlite or getattr(self._local, "txn", None) is not None:
+            if getattr(self._local, "txn", None) is not None:
                 return _read_all(db, scope)  # uncommitted rows must never be cached
+            if not self._sqlite:
+                return self._all_checked_by_version(db, scope)
             raw: Any = db.connection.dbapi_connection
             version = (raw.execute("PRAGMA data_version").fetchone()[0], raw.total_changes)
             cache: OrderedDict = db.connection.info.setdefault("records_cache", OrderedDict())
@@ -298,6 +328,21 @@ class DatabaseUploadRecords:
             if len(cache) > CACHED_SCOPES:
                 cache.popitem(last=False)
             return list(records)
+
+    def _all_checked_by_version(self, db: Connection, scope: str) -> list[StoredRecord]:
+        version = _read_version(db, scope)
+        with self._cache_lock:
+            hit = self._cache.get(scope)
+            if hit is not None and hit[0] == version:
+                self._cache.move_to_end(scope)
+                return list(hit[1])
+        records = _read_all(db, scope)
+        db.commit()  # end the read's transaction before the connection goes back
+        with self._cache_lock:
+            self._cache[scope] = (version, records)
+            if len(self._cache) > CACHED_SCOPES:
+                self._cache.popitem(last=False)
+        return list(records)
 
     def get(self, scope: str, filename: str) -> StoredRecord | None:
         """One record, or None."""
@@ -317,6 +362,7 @@ class DatabaseUploadRecords:
         with write_transaction(self.engine) as db:
             if not self._sqlite:
                 db.execute(text("SELECT pg_advisory_xact_lock(hashtext(:scope))"), {"scope": scope})
+            _bump_version(db, scope)  # commits (or rolls back) with the records
             self._local.txn = db
             try:
                 yield _Transaction(db, scope)
@@ -349,6 +395,9 @@ class DatabaseUploadRecords:
         if state is ConversionState.QUEUED:
             values["conversion_queued_at"] = now
         with self._write() as db:
+            # The state is part of the records. The version row first, as `locked` does:
+            # the same lock order in every writer, so two never wait for each other.
+            _bump_version(db, scope)
             result = db.execute(
                 update(uploads)
                 .where(uploads.c.scope == scope, uploads.c.filename == filename)
