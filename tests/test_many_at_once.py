@@ -388,6 +388,47 @@ def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path
     assert outcome["ticks"] >= 10  # and the other greenlet ran meanwhile
 
 
+PG_WAIT_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, sys, time
+    import gevent
+    from pathlib import Path
+    from sqlalchemy import text
+    from deerflow_web.storage.migrate import open_database
+
+    engine = open_database(Path(sys.argv[2]), sys.argv[1])
+    ticks = []
+    def ticker():
+        while True:
+            ticks.append(1)
+            gevent.sleep(0.01)
+    gevent.spawn(ticker)
+    started = time.monotonic()
+    with engine.connect() as db:
+        db.execute(text("SELECT pg_sleep(0.5)"))
+    print(json.dumps({"waited": time.monotonic() - started, "ticks": len(ticks)}))
+    engine.dispose()
+    """
+)
+
+
+def test_waiting_for_postgresql_keeps_the_loop_running(tmp_path: Path, postgres_url: str) -> None:
+    """psycopg waits for the server through gevent's loop, not inside libpq."""
+    result = subprocess.run(
+        [sys.executable, "-c", PG_WAIT_SCRIPT, postgres_url, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    import json
+
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["waited"] >= 0.5
+    assert outcome["ticks"] >= 20  # the other greenlet ran while the query waited
+
+
 def test_health_probes_answer_whatever_host_they_name(client: FlaskClient) -> None:
     """A load balancer probes by the instance's address, which is no allowed host."""
     probe = {"Host": "10.1.2.3:2026"}
