@@ -11,11 +11,13 @@ import pytest
 from deerflow_web.models import ACTIVE_CONVERSION_STATES
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
+from deerflow_web.models import ResumableUpload
 from deerflow_web.models import UploadRecord
 from deerflow_web.storage.chat_turns import DatabasePreviewHistory
 from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.records import DatabaseUploadRecords
 from deerflow_web.storage.records import StoredRecord
+from deerflow_web.storage.resumable import DatabaseResumableStore
 
 
 def stored(name: str, size: int = 1, **fields: object) -> StoredRecord:
@@ -165,3 +167,34 @@ def test_cached_sets_are_reused_until_any_writer_changes_the_thread(
     assert first.all("t") == []
     first.engine.dispose()
     second.engine.dispose()
+
+
+def test_resumable_uploads_round_trip(base_dir: Path, database_url: str) -> None:
+    engine = open_database(base_dir, database_url)
+    store = DatabaseResumableStore(engine)
+    upload = ResumableUpload(
+        upload_id="u1",
+        thread_id="T",
+        user_id=None,
+        filename="big.bin",
+        on_conflict="rename",
+        metadata="filename YmlnLmJpbg==",
+        length=5 * 2**30,  # past 32 bits: the columns are 64-bit on every engine
+        offset=0,
+        pending_from=None,
+        created_at=10.0,
+        expires_at=100.0,
+        staging_path=base_dir / ".upload-tus-u1.part",
+    )
+    store.add(upload)
+    assert store.get("u1") == upload and store.get("nope") is None
+    store.update("u1", offset=3 * 2**30, pending_from=3 * 2**30)
+    assert (store.get("u1").offset, store.get("u1").pending_from) == (3 * 2**30, 3 * 2**30)
+    store.update("u1", offset=4 * 2**30, pending_from=None, expires_at=200.0)
+    assert store.get("u1").expires_at == 200.0 and store.get("u1").pending_from is None
+    assert store.expired(150.0) == [] and [u.upload_id for u in store.expired(200.0)] == ["u1"]
+    assert store.has_staging(base_dir / ".upload-tus-u1.part")
+    assert not store.has_staging(base_dir / ".upload-tus-other.part")
+    store.remove("u1")
+    assert store.get("u1") is None and not store.has_staging(upload.staging_path)
+    engine.dispose()
