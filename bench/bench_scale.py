@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import signal
@@ -90,7 +89,7 @@ QUICK = Sizes(big=256 * MiB, medium=32 * MiB, slow_clients=100, list_gets=10, pa
 
 def start_previous(root: Path, config: Path) -> bu.Target:
     target = bu.Target("gthread", root / "gthread", port=bu.free_port(), log=root / "gt.log")
-    env = dict(os.environ, DEER_FLOW_HOME=str(target.data_dir), DEER_FLOW_CONFIG_PATH=str(config))
+    env = bu.server_env(target.data_dir, config)
     command = [str(REPO / ".venv" / "bin" / "gunicorn"), "--bind", f"{bu.HOST}:{target.port}"]
     command += PREVIOUS_RUN
     with open(target.log, "wb") as log:
@@ -254,6 +253,9 @@ def timed_gets(port: int, path: str, count: int) -> float:
 # --- report ----------------------------------------------------------------------------
 
 
+SECTIONS = ("slow", "speed", "lists")
+
+
 def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -283,111 +285,122 @@ def run(args: argparse.Namespace) -> int:
         for target in targets:
             print(f"  {target.name:8} {target.command}")
 
-        # 1. slow clients
-        print(f"\n== {sizes.slow_clients} slow clients, 1 MB each at 100 KB/s ==")
-        slow_targets = [new, old] if args.compare_slow else [new]
-        for target in slow_targets:
-            prepare_slow(target)
-        for target in slow_targets:
-            cap = 120.0 if target is new else 40.0
-            for mode in ("upload", "download"):
-                outcome = slow_scenario(target, mode, sizes, cap)
-                results[f"slow-{mode}-{target.name}"] = outcome
-                print(
-                    f"  {target.name:8} {mode:8}: {outcome['ok']}/{outcome['clients']} ok "
-                    f"{outcome['failures'] or ''} in {outcome['wall']:.1f} s; list probe "
-                    f"n={outcome['probes']} p50 {outcome['p50']:.1f} ms, p99 "
-                    f"{outcome['p99']:.1f} ms, max {outcome['max']:.1f} ms, errors "
-                    f"{outcome['probe_errors']}; server RSS peak "
-                    f"{outcome['peak_rss'] / MiB:.0f} MiB (idle {outcome['idle_rss'] / MiB:.0f})"
-                )
-                if target is new:
-                    everyone = outcome["ok"] == outcome["clients"]
-                    checks.append((f"slow {mode}s: all {outcome['clients']} succeed", everyone))
-                    checks.append(
-                        (
-                            f"slow {mode}s: list p99 {outcome['p99']:.1f} ms < 100 ms",
-                            outcome["p99"] < MAX_PROBE_P99_MS and not outcome["probe_errors"],
-                        )
+        if "slow" in args.only:
+            # 1. slow clients
+            print(f"\n== {sizes.slow_clients} slow clients, 1 MB each at 100 KB/s ==")
+            slow_targets = [new, old] if args.compare_slow else [new]
+            for target in slow_targets:
+                prepare_slow(target)
+            for target in slow_targets:
+                cap = 120.0 if target is new else 40.0
+                for mode in ("upload", "download"):
+                    outcome = slow_scenario(target, mode, sizes, cap)
+                    results[f"slow-{mode}-{target.name}"] = outcome
+                    print(
+                        f"  {target.name:8} {mode:8}: {outcome['ok']}/{outcome['clients']} ok "
+                        f"{outcome['failures'] or ''} in {outcome['wall']:.1f} s; list probe "
+                        f"n={outcome['probes']} p50 {outcome['p50']:.1f} ms, p99 "
+                        f"{outcome['p99']:.1f} ms, max {outcome['max']:.1f} ms, errors "
+                        f"{outcome['probe_errors']}; server RSS peak "
+                        f"{outcome['peak_rss'] / MiB:.0f} MiB "
+                        f"(idle {outcome['idle_rss'] / MiB:.0f})"
                     )
-                    checks.append(
-                        (
-                            f"slow {mode}s: server RSS {outcome['peak_rss'] / MiB:.0f} MiB "
-                            "< 300 MiB",
-                            outcome["peak_rss"] < MAX_SLOW_RSS,
+                    if target is new:
+                        everyone = outcome["ok"] == outcome["clients"]
+                        checks.append((f"slow {mode}s: all {outcome['clients']} succeed", everyone))
+                        checks.append(
+                            (
+                                f"slow {mode}s: list p99 {outcome['p99']:.1f} ms < 100 ms",
+                                outcome["p99"] < MAX_PROBE_P99_MS and not outcome["probe_errors"],
+                            )
                         )
-                    )
+                        checks.append(
+                            (
+                                f"slow {mode}s: server RSS {outcome['peak_rss'] / MiB:.0f} MiB "
+                                "< 300 MiB",
+                                outcome["peak_rss"] < MAX_SLOW_RSS,
+                            )
+                        )
 
-        # 2. no regression, rounds interleaved, order alternating
-        print(f"\n== no regression: {rounds} round(s), new vs gthread ==")
-        for target in (new, old):
-            bu.post_files(target.port, "medium", [("medium.bin", sizes.medium)])
-        speeds: dict[str, dict[str, list[float]]] = {
-            name: {"new": [], "gthread": []} for name in ("big", "download", "concurrent")
-        }
-        for round_no in range(rounds):
-            order = [new, old] if round_no % 2 == 0 else [old, new]
-            for target in order:
-                speeds["big"][target.name].append(upload_big(target, sizes, round_no))
-            for target in order:
-                speeds["download"][target.name].append(download_medium(target, sizes))
-            for target in order:
-                speeds["concurrent"][target.name].append(upload_concurrent(target, sizes, round_no))
-        labels = {
-            "big": f"upload 1 x {sizes.big // MiB} MiB",
-            "download": f"download {sizes.medium // MiB} MiB (x3)",
-            "concurrent": f"{sizes.concurrent_clients} concurrent x {sizes.concurrent // MiB} MiB",
-        }
-        for name, by in speeds.items():
-            ratios = [n / o for n, o in zip(by["new"], by["gthread"], strict=True)]
+        if "speed" in args.only:
+            # 2. no regression, rounds interleaved, order alternating
+            print(f"\n== no regression: {rounds} round(s), new vs gthread ==")
+            for target in (new, old):
+                bu.post_files(target.port, "medium", [("medium.bin", sizes.medium)])
+            speeds: dict[str, dict[str, list[float]]] = {
+                name: {"new": [], "gthread": []} for name in ("big", "download", "concurrent")
+            }
+            for round_no in range(rounds):
+                order = [new, old] if round_no % 2 == 0 else [old, new]
+                for target in order:
+                    speeds["big"][target.name].append(upload_big(target, sizes, round_no))
+                for target in order:
+                    speeds["download"][target.name].append(download_medium(target, sizes))
+                for target in order:
+                    speeds["concurrent"][target.name].append(
+                        upload_concurrent(target, sizes, round_no)
+                    )
+            labels = {
+                "big": f"upload 1 x {sizes.big // MiB} MiB",
+                "download": f"download {sizes.medium // MiB} MiB (x3)",
+                "concurrent": (
+                    f"{sizes.concurrent_clients} concurrent x {sizes.concurrent // MiB} MiB"
+                ),
+            }
+            for name, by in speeds.items():
+                ratios = [n / o for n, o in zip(by["new"], by["gthread"], strict=True)]
+                ratio = med(ratios)
+                print(
+                    f"  {labels[name]:28} new {med(by['new']):7.0f} MiB/s  gthread "
+                    f"{med(by['gthread']):7.0f} MiB/s  new/gthread {ratio:.2f} "
+                    f"[{', '.join(f'{r:.2f}' for r in ratios)}]"
+                )
+                checks.append((f"{labels[name]}: new/gthread {ratio:.2f} >= 1.0", ratio >= 1.0))
+            results["speeds"] = speeds
+
+        if "lists" in args.only:
+            # 3. lists at scale
+            print("\n== lists at scale ==")
+            for target in (new, old, naive):
+                populate_on_disk(target, "list1k", 1000)
+                populate_on_disk(target, "list10k", 10000)
+            for target in (new, old):  # the first list records what it finds, hashing each file
+                bu.list_uploads(target.port, "list1k", parse=False)
+                bu.list_uploads(target.port, "list10k", parse=False)
+            time.sleep(2.5)  # past the folders' settling time
+            lists: dict[str, dict[str, list[float]]] = {"1k": {}, "10k": {}, "page": {}}
+            for _ in range(rounds):
+                for target in (new, old, naive):
+                    for key, thread in (("1k", "list1k"), ("10k", "list10k")):
+                        path = f"/api/threads/{thread}/uploads/list"
+                        latency = timed_gets(target.port, path, sizes.list_gets)
+                        lists[key].setdefault(target.name, []).append(latency)
+                    if target is not naive:
+                        latency = timed_gets(target.port, "/threads/list10k", sizes.page_gets)
+                        lists["page"].setdefault(target.name, []).append(latency)
+            ratios = [n / b for n, b in zip(lists["1k"]["new"], lists["1k"]["naive"], strict=True)]
+            for key, label in (("1k", "list 1,000 files"), ("10k", "list 10,000 files")):
+                print(
+                    f"  {label:20} "
+                    + "  ".join(f"{name} {med(v):6.1f} ms" for name, v in lists[key].items())
+                )
+            print(
+                "  page 10,000 files    "
+                + "  ".join(f"{name} {med(v):6.1f} ms" for name, v in lists["page"].items())
+            )
             ratio = med(ratios)
             print(
-                f"  {labels[name]:28} new {med(by['new']):7.0f} MiB/s  gthread "
-                f"{med(by['gthread']):7.0f} MiB/s  new/gthread {ratio:.2f} "
+                f"  list 1,000: new/naive latency {ratio:.2f} "
                 f"[{', '.join(f'{r:.2f}' for r in ratios)}]"
             )
-            checks.append((f"{labels[name]}: new/gthread {ratio:.2f} >= 1.0", ratio >= 1.0))
-        results["speeds"] = speeds
-
-        # 3. lists at scale
-        print("\n== lists at scale ==")
-        for target in (new, old, naive):
-            populate_on_disk(target, "list1k", 1000)
-            populate_on_disk(target, "list10k", 10000)
-        for target in (new, old):  # the first list records what it finds, hashing each file
-            bu.list_uploads(target.port, "list1k", parse=False)
-            bu.list_uploads(target.port, "list10k", parse=False)
-        time.sleep(2.5)  # past the folders' settling time
-        lists: dict[str, dict[str, list[float]]] = {"1k": {}, "10k": {}, "page": {}}
-        for _ in range(rounds):
-            for target in (new, old, naive):
-                for key, thread in (("1k", "list1k"), ("10k", "list10k")):
-                    path = f"/api/threads/{thread}/uploads/list"
-                    latency = timed_gets(target.port, path, sizes.list_gets)
-                    lists[key].setdefault(target.name, []).append(latency)
-                if target is not naive:
-                    latency = timed_gets(target.port, "/threads/list10k", sizes.page_gets)
-                    lists["page"].setdefault(target.name, []).append(latency)
-        ratios = [n / b for n, b in zip(lists["1k"]["new"], lists["1k"]["naive"], strict=True)]
-        for key, label in (("1k", "list 1,000 files"), ("10k", "list 10,000 files")):
-            print(
-                f"  {label:20} "
-                + "  ".join(f"{name} {med(v):6.1f} ms" for name, v in lists[key].items())
+            checks.append(
+                (f"list 1,000 files: new/naive {ratio:.2f} <= 0.5", ratio <= MAX_LIST_RATIO)
             )
-        print(
-            "  page 10,000 files    "
-            + "  ".join(f"{name} {med(v):6.1f} ms" for name, v in lists["page"].items())
-        )
-        ratio = med(ratios)
-        print(
-            f"  list 1,000: new/naive latency {ratio:.2f} [{', '.join(f'{r:.2f}' for r in ratios)}]"
-        )
-        checks.append((f"list 1,000 files: new/naive {ratio:.2f} <= 0.5", ratio <= MAX_LIST_RATIO))
-        ten_k = med(lists["10k"]["new"])
-        checks.append((f"list 10,000 files: {ten_k:.1f} ms < 50 ms", ten_k < MAX_LIST_10K_MS))
-        page = med(lists["page"]["new"])
-        checks.append((f"page of 10,000 files: {page:.1f} ms < 300 ms", page < MAX_PAGE_MS))
-        results["lists"] = lists
+            ten_k = med(lists["10k"]["new"])
+            checks.append((f"list 10,000 files: {ten_k:.1f} ms < 50 ms", ten_k < MAX_LIST_10K_MS))
+            page = med(lists["page"]["new"])
+            checks.append((f"page of 10,000 files: {page:.1f} ms < 300 ms", page < MAX_PAGE_MS))
+            results["lists"] = lists
 
         print("\n== goals ==")
         for label, passed in checks:
@@ -416,6 +429,13 @@ def main() -> int:
     parser.add_argument("--compare-slow", action="store_true", help="slow clients on gthread too")
     parser.add_argument("--data-root", type=Path, help="parent of the temporary data dir")
     parser.add_argument("--json", type=Path, help="where to write the figures")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SECTIONS,
+        default=SECTIONS,
+        help="run only these parts: slow clients, no-regression speeds, lists at scale",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, bu._interrupt)
     signal.signal(signal.SIGHUP, bu._interrupt)

@@ -391,10 +391,25 @@ class Target:
                 continue
 
 
+def server_env(data_dir: Path, config: Path) -> dict[str, str]:
+    """The environment of a measured server: its own data dir and config, single-user mode.
+
+    The single-user mode (SPEC 7.1) keeps the flat layout that `Target.thread_dir` reads and
+    lets the clients send no credentials; with accounts on, a request costs one indexed
+    token lookup more, which none of these figures is about.
+    """
+    return dict(
+        os.environ,
+        DEER_FLOW_HOME=str(data_dir),
+        DEER_FLOW_CONFIG_PATH=str(config),
+        DEER_FLOW_AUTH_DISABLED="1",
+    )
+
+
 def start_ours(root: Path, config: Path) -> Target:
     """`make run HOST=127.0.0.1 PORT=<free>` with the data dir in DEER_FLOW_HOME."""
     target = Target("ours", root / "ours", port=free_port(), log=root / "ours.log", skip_root=True)
-    env = dict(os.environ, DEER_FLOW_HOME=str(target.data_dir), DEER_FLOW_CONFIG_PATH=str(config))
+    env = server_env(target.data_dir, config)
     with open(target.log, "wb") as log:
         target.proc = subprocess.Popen(
             ["make", "--no-print-directory", "run", f"HOST={HOST}", f"PORT={target.port}"],
