@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-scale bench-instances browser nginx clean
+.PHONY: run test lint bench bench-scale bench-instances browser postgres nginx clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ browser:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# Debian's PostgreSQL server binaries: the tests start a throw-away server with them
+# (tests/postgres.py) unless TEST_DATABASE_URL names one.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ -n "$$TEST_DATABASE_URL" ] || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq postgresql >/dev/null; }
+
 # Debian's nginx for the tests of deploy/nginx.conf; the tests run it as a private process.
 nginx:
 	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { \
@@ -50,7 +57,7 @@ nginx:
 # The suite runs in both modes of SPEC 7.1: accounts on (the default), then the single-user
 # mode of the first release. The browser tests run in the first pass only: the file-manager
 # ones always serve the single-user mode, the account ones need accounts on.
-test: $(VENV)/.test browser nginx
+test: $(VENV)/.test browser postgres nginx
 	$(BIN)/python -m pytest -q
 	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -m "not browser"
 

@@ -1,3 +1,7 @@
 from deerflow_web.web import create_app
+from deerflow_web.web.wiring import EXTENSION_KEY
 
 app = create_app()
+# A server instance keeps its conversion leases alive and takes over the jobs of an
+# instance that died (SPEC 9), even before it converts anything itself.
+app.extensions[EXTENSION_KEY].conversions.start_keeper()

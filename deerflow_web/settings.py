@@ -45,6 +45,10 @@ class ConversionSettings:
     workers: int = 2
     max_output_bytes: int = UploadLimits.max_file_size
     max_queued: int = 20
+    # A job's worker renews its lease every `lease_renew_seconds`; a job whose lease ran
+    # out (its instance died) is claimed again by any instance (SPEC 9).
+    lease_seconds: float = 60.0
+    lease_renew_seconds: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,12 @@ def conversion_from_mapping(
             "uploads.pdf_converter=%r is ignored: documents are converted with markitdown",
             uploads["pdf_converter"],
         )
+    lease = positive_setting(
+        conversion, "lease_seconds", defaults.lease_seconds, section_name="conversion"
+    )
+    renew = positive_setting(
+        conversion, "lease_renew_seconds", defaults.lease_renew_seconds, section_name="conversion"
+    )
     return ConversionSettings(
         auto_convert_documents=parse_bool(uploads.get("auto_convert_documents", False)),
         timeout_seconds=positive_setting(
@@ -201,6 +211,8 @@ def conversion_from_mapping(
         max_queued=positive_setting(
             conversion, "max_queued", defaults.max_queued, section_name="conversion"
         ),
+        lease_seconds=lease,
+        lease_renew_seconds=renew if renew < lease else lease / 4,
     )
 
 

@@ -30,9 +30,12 @@ from werkzeug.test import TestResponse
 
 from deerflow_web.services.accounts.passwords import Passwords
 from deerflow_web.settings import parse_bool
+from deerflow_web.storage.database import default_database_url
 from deerflow_web.web import create_app
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.openapi_check import check_response
+from tests.postgres import PostgresServer
+from tests.postgres import external_url
 
 AUTH_ON = not parse_bool(os.environ.get("DEER_FLOW_AUTH_DISABLED", ""))
 TEST_EMAIL = "tester@example.com"
@@ -57,10 +60,47 @@ def _responses_fit_the_api_description() -> Iterator[None]:
         yield
 
 
+EXTERNAL_POSTGRES = external_url()  # read before any test clears the environment
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server (started on first use, see tests/postgres.py)."""
+    server = PostgresServer.start(EXTERNAL_POSTGRES)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this test; dropped afterwards."""
+    url = postgres.create_database()
+    try:
+        yield url
+    finally:
+        postgres.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, base_dir: Path) -> str:
+    """Each engine in turn: the data dir's SQLite file, then a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return default_database_url(base_dir)
+    return request.getfixturevalue("postgres_url")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads the developer's config, data dir or home."""
-    for name in ("DEER_FLOW_HOME", "DEER_FLOW_CONFIG_PATH", "DEER_FLOW_PROJECT_ROOT"):
+    """No test reads the developer's config, data dir, home or database."""
+    for name in (
+        "DEER_FLOW_HOME",
+        "DEER_FLOW_CONFIG_PATH",
+        "DEER_FLOW_PROJECT_ROOT",
+        "DATABASE_URL",
+        "TEST_DATABASE_URL",
+    ):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
     home.mkdir()
@@ -251,9 +291,9 @@ def auth_header_line() -> str:
     return f"Authorization: Bearer {SERVER_TOKEN}\r\n" if AUTH_ON else ""
 
 
-def provision_server_user(base_dir: Path, *, database_url: str | None = None) -> None:
-    """Before a subprocess server starts on `base_dir` (and `database_url`, if not the
-    default): the test user and SERVER_TOKEN."""
+def provision_server_user(base_dir: Path, database_url: str | None = None) -> None:
+    """Before a subprocess server starts on `base_dir` (and `database_url`, when given):
+    the test user and SERVER_TOKEN."""
     if not AUTH_ON:
         return
     import hashlib
@@ -263,12 +303,9 @@ def provision_server_user(base_dir: Path, *, database_url: str | None = None) ->
 
     from deerflow_web.services.accounts.service import AccountService
     from deerflow_web.storage.database import api_tokens
-    from deerflow_web.storage.database import create_schema
-    from deerflow_web.storage.database import default_database_url
-    from deerflow_web.storage.database import make_engine
+    from deerflow_web.storage.migrate import open_database
 
-    engine = make_engine(database_url or default_database_url(base_dir))
-    create_schema(engine)
+    engine = open_database(base_dir, database_url)
     accounts = AccountService(engine, Passwords(FAST_PASSWORDS))
     if accounts.find_by_email(TEST_EMAIL) is None:
         accounts.create_user(TEST_EMAIL, TEST_PASSWORD, role="admin", user_id=USER_ID)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import needs_auth
+from sqlalchemy import text
 
 from deerflow_web.errors import ConfigError
 from deerflow_web.settings import load_settings
@@ -65,7 +66,7 @@ def test_database_and_proxy_settings(tmp_path: Path) -> None:
 
 
 def test_single_user_mode_is_the_first_release(make_app, base_dir: Path) -> None:
-    """No login, no account routes, no CSRF cookie, the flat layout, no accounts database."""
+    """No login, no account routes, no CSRF cookie, the flat layout, no account rows."""
     app = make_app(auth={"enabled": False})
     client = app.test_client()
     response = client.post("/api/threads/t1/uploads", data={"files": [(BytesIO(b"x"), "a.txt")]})
@@ -73,7 +74,9 @@ def test_single_user_mode_is_the_first_release(make_app, base_dir: Path) -> None
     assert "csrf_token" not in " ".join(response.headers.getlist("Set-Cookie"))
     assert (base_dir / "threads" / "t1" / "user-data" / "uploads" / "a.txt").exists()
     assert not (base_dir / "users").exists()
-    assert not (base_dir / "deerflow.sqlite3").exists()
+    with app.extensions["deerflow_web"].engine.connect() as db:
+        assert db.execute(text("SELECT COUNT(*) FROM users")).scalar_one() == 0
+        assert db.execute(text("SELECT COUNT(*) FROM thread_owners")).scalar_one() == 0
     assert client.get("/").status_code == 200
     assert "Sign out" not in client.get("/").get_data(as_text=True)
     for path in ("/api/v1/auth/me", "/api/v1/auth/setup-status", "/login", "/setup", "/account"):

@@ -29,10 +29,8 @@ from deerflow_web.services.accounts.passwords import check_password_rules
 from deerflow_web.services.accounts.passwords import normalize_email
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.storage.database import api_tokens
-from deerflow_web.storage.database import create_schema
-from deerflow_web.storage.database import default_database_url
-from deerflow_web.storage.database import make_engine
 from deerflow_web.storage.database import sessions
+from deerflow_web.storage.migrate import open_database
 
 
 class Clock:
@@ -46,9 +44,9 @@ class Clock:
 
 
 @pytest.fixture
-def engine(tmp_path: Path):
-    engine = make_engine(default_database_url(tmp_path))
-    create_schema(engine)
+def engine(base_dir: Path, database_url: str):
+    """The account tables on each engine in turn (SQLite, PostgreSQL)."""
+    engine = open_database(base_dir, database_url)
     yield engine
     engine.dispose()
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from deerflow_web.models import IncomingFile
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
+from deerflow_web.storage.migrate import open_database
 
 
 def fake_converter(text_for=lambda source: f"# converted {source.name}\n"):
@@ -36,8 +39,11 @@ def fake_converter(text_for=lambda source: f"# converted {source.name}\n"):
 
 
 @pytest.fixture
-def service(base_dir: Path):
-    return make_upload_service(base_dir)
+def service(base_dir: Path, database_url: str):
+    """An upload service on each engine in turn (SQLite, PostgreSQL)."""
+    engine = open_database(base_dir, database_url)
+    yield make_upload_service(base_dir, engine=engine)
+    engine.dispose()
 
 
 def jobs_with(service, converter, **settings) -> ConversionJobs:
@@ -153,20 +159,103 @@ def test_not_convertible(service) -> None:
         jobs_with(service, fake_converter()).convert("T", "data.csv")
 
 
-def test_jobs_cut_off_by_a_restart_end_as_failed(service) -> None:
+def test_jobs_cut_off_by_a_restart_are_run_again(service) -> None:
     save(service, (b"%PDF", "a.pdf"), (b"%PDF", "b.pdf"))
     scope = service.paths.scope("T")
+    lease = time.time() + 60
     service.records.set_conversion(
-        scope, "a.pdf", ConversionState.CONVERTING, None, "nonexistent-host-or-this:999999999"
+        scope, "a.pdf", ConversionState.CONVERTING, None, "another-host:1", lease
     )
-    import socket
+    service.records.set_conversion(
+        scope, "b.pdf", ConversionState.QUEUED, None, f"{socket.gethostname()}:999999999", lease
+    )
+    jobs = jobs_with(service, fake_converter())
+    assert jobs.reclaim_interrupted_jobs() == 1  # the dead local process's job, at once
+    wait_until(lambda: service.get_upload("T", "b.pdf").conversion_state is ConversionState.DONE)
+    assert (service.uploads_dir("T") / "b.md").exists()
+    # Another machine's job keeps its live lease: nobody else runs it.
+    assert service.get_upload("T", "a.pdf").conversion_state is ConversionState.CONVERTING
+    assert service.records.conversion_owner(scope, "a.pdf") == "another-host:1"
 
+
+def test_a_job_whose_lease_ran_out_is_claimed_by_another_instance(service) -> None:
+    save(service, (b"%PDF", "a.pdf"), (b"%PDF", "b.pdf"))
+    scope = service.paths.scope("T")
+    past, future = time.time() - 1, time.time() + 60
+    service.records.set_conversion(scope, "a.pdf", ConversionState.CONVERTING, None, "dead:1", past)
+    service.records.set_conversion(scope, "b.pdf", ConversionState.QUEUED, None, "alive:1", future)
+    jobs = jobs_with(service, fake_converter())
+    assert jobs.keep_once() == [(scope, "a.pdf")]  # the live lease is left alone
+    wait_until(lambda: service.get_upload("T", "a.pdf").conversion_state is ConversionState.DONE)
+    assert service.get_upload("T", "b.pdf").conversion_state is ConversionState.QUEUED
+    assert service.records.conversion_owner(scope, "b.pdf") == "alive:1"
+    assert jobs.keep_once() == []
+
+
+def test_the_keeper_renews_the_leases_of_its_jobs(service) -> None:
+    save(service, (b"%PDF", "a.pdf"))
+    scope = service.paths.scope("T")
+    release = threading.Event()
+
+    def slow(source: Path, destination: Path, **_: object) -> None:
+        release.wait(10)
+        destination.write_text("# done\n")
+
+    jobs = jobs_with(service, slow, lease_seconds=2.0, lease_renew_seconds=0.1)
+    try:
+        assert not jobs.convert("T", "a.pdf", wait=0).finished
+        first = service.records.conversion_job(scope, "a.pdf").lease_until
+        wait_until(lambda: service.records.conversion_job(scope, "a.pdf").lease_until > first)
+        job = service.records.conversion_job(scope, "a.pdf")
+        assert job.owner == jobs.owner and job.live(time.time())
+    finally:
+        release.set()
+        jobs.stop_keeper()
+    assert jobs.convert("T", "a.pdf", wait=5).finished
+
+
+def test_convert_follows_another_instances_job_then_takes_it_over_when_its_lease_ends(
+    service,
+) -> None:
+    save(service, (b"%PDF", "a.pdf"))
+    scope = service.paths.scope("T")
     service.records.set_conversion(
-        scope, "b.pdf", ConversionState.QUEUED, None, f"{socket.gethostname()}:999999999"
+        scope, "a.pdf", ConversionState.CONVERTING, None, "other:1", time.time() + 0.6
     )
-    assert jobs_with(service, fake_converter()).fail_interrupted_jobs() == 1
-    states = {r.filename: r.conversion_state for r in service.list_uploads("T")}
-    assert states == {"a.pdf": ConversionState.CONVERTING, "b.pdf": ConversionState.FAILED}
+    jobs = jobs_with(service, fake_converter())
+    status = jobs.convert("T", "a.pdf", wait=0.2)  # the other instance holds the lease
+    assert not status.finished and jobs.started_jobs == 0
+    status = jobs.convert("T", "a.pdf", wait=5)  # its lease runs out during the wait
+    assert status.finished and status.companion is not None
+    assert jobs.started_jobs == 1
+
+
+def test_instances_sweeping_together_claim_each_orphan_once(service) -> None:
+    names = [f"d{n}.pdf" for n in range(9)]
+    save(service, *[(b"%PDF", name) for name in names])
+    scope = service.paths.scope("T")
+    for name in names:
+        service.records.set_conversion(scope, name, ConversionState.QUEUED, None, "dead:1", 0.0)
+    claims: dict[str, list[tuple[str, str]]] = {}
+    start = threading.Barrier(3)
+
+    def sweep(owner: str) -> None:
+        start.wait()
+        mine = []
+        for _ in range(4):
+            mine += service.records.claim_expired_conversions(owner, time.time(), 1e12, 2)
+        claims[owner] = mine
+
+    workers = [threading.Thread(target=sweep, args=(f"i{n}:1",)) for n in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    claimed = [name for owner_claims in claims.values() for _, name in owner_claims]
+    assert sorted(claimed) == sorted(names)  # every orphan once, none twice
+    for owner, owner_claims in claims.items():
+        for _, name in owner_claims:
+            assert service.records.conversion_owner(scope, name) == owner
 
 
 def test_result_of_a_file_replaced_meanwhile_is_dropped(service, base_dir: Path) -> None:

@@ -116,7 +116,12 @@ def test_limits_are_read_from_the_conversion_section(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 "uploads": {"max_file_size": 1000},
-                "conversion": {"max_output_bytes": 5000, "max_queued": 3},
+                "conversion": {
+                    "max_output_bytes": 5000,
+                    "max_queued": 3,
+                    "lease_seconds": 8,
+                    "lease_renew_seconds": 2,
+                },
                 "agent": {"read_conversion_wait_seconds": 7},
             }
         ),
@@ -125,7 +130,16 @@ def test_limits_are_read_from_the_conversion_section(tmp_path: Path) -> None:
     settings = load_settings(tmp_path / "data", config_path=path)
     assert settings.conversion.max_output_bytes == 5000
     assert settings.conversion.max_queued == 3
+    assert (settings.conversion.lease_seconds, settings.conversion.lease_renew_seconds) == (8, 2)
     assert settings.agent.read_conversion_wait_seconds == 7
+
+
+def test_a_lease_renewed_no_faster_than_it_runs_out_is_corrected(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    config = {"conversion": {"lease_seconds": 4, "lease_renew_seconds": 10}}
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    settings = load_settings(tmp_path / "data", config_path=path)
+    assert (settings.conversion.lease_seconds, settings.conversion.lease_renew_seconds) == (4, 1)
 
 
 def test_output_cap_defaults_to_the_upload_size_limit(tmp_path: Path) -> None:

@@ -38,11 +38,15 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 
+# Alembic's entry point runs only inside a migration (it reads the migration's connection).
+RUN_BY_ALEMBIC = {"deerflow_web.storage.migrations.env"}
+
+
 def package_modules(package: str) -> list[str]:
     """The package and every module under it, as pkgutil finds them."""
     path = importlib.util.find_spec(package).submodule_search_locations
     found = [package] + [m.name for m in pkgutil.walk_packages(path, package + ".")]
-    return sorted(found)
+    return sorted(name for name in found if name not in RUN_BY_ALEMBIC)
 
 
 @cache

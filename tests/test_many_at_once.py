@@ -55,9 +55,11 @@ def test_readyz_names_a_data_dir_that_cannot_take_a_file(
 
 def test_readyz_names_an_unreachable_database(app: Flask, client: FlaskClient) -> None:
     records = app.extensions["deerflow_web"].uploads.records
-    records.close()
-    records.db_path.unlink()
-    records.db_path.mkdir()  # SQLite cannot open a directory
+    records.engine.dispose()
+    path = Path(records.engine.url.database)
+    for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        leftover.unlink(missing_ok=True)
+    path.mkdir()  # SQLite cannot open a directory
     response = client.get("/readyz")
     assert response.status_code == 503
     body = response.get_json()
@@ -345,10 +347,11 @@ LOCK_SCRIPT = textwrap.dedent(
     import json, sqlite3, subprocess, sys, time
     import gevent
     from pathlib import Path
-    from deerflow_web.storage.records import SQLiteUploadRecords
+    from deerflow_web.storage.migrate import open_database
+    from deerflow_web.storage.records import DatabaseUploadRecords
 
     path = Path(sys.argv[1])
-    records = SQLiteUploadRecords(path)
+    records = DatabaseUploadRecords(open_database(path.parent))
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
         "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(1.0); "
@@ -373,7 +376,7 @@ LOCK_SCRIPT = textwrap.dedent(
 def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path: Path) -> None:
     """SQLite's busy handler would sleep in C and freeze every greenlet of the process."""
     result = subprocess.run(
-        [sys.executable, "-c", LOCK_SCRIPT, str(tmp_path / "records.sqlite3")],
+        [sys.executable, "-c", LOCK_SCRIPT, str(tmp_path / "deerflow.sqlite3")],
         capture_output=True,
         text=True,
         check=True,
@@ -383,6 +386,47 @@ def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome["waited"] > 0.3  # it did wait for the other process
     assert outcome["ticks"] >= 10  # and the other greenlet ran meanwhile
+
+
+PG_WAIT_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, sys, time
+    import gevent
+    from pathlib import Path
+    from sqlalchemy import text
+    from deerflow_web.storage.migrate import open_database
+
+    engine = open_database(Path(sys.argv[2]), sys.argv[1])
+    ticks = []
+    def ticker():
+        while True:
+            ticks.append(1)
+            gevent.sleep(0.01)
+    gevent.spawn(ticker)
+    started = time.monotonic()
+    with engine.connect() as db:
+        db.execute(text("SELECT pg_sleep(0.5)"))
+    print(json.dumps({"waited": time.monotonic() - started, "ticks": len(ticks)}))
+    engine.dispose()
+    """
+)
+
+
+def test_waiting_for_postgresql_keeps_the_loop_running(tmp_path: Path, postgres_url: str) -> None:
+    """psycopg waits for the server through gevent's loop, not inside libpq."""
+    result = subprocess.run(
+        [sys.executable, "-c", PG_WAIT_SCRIPT, postgres_url, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    import json
+
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["waited"] >= 0.5
+    assert outcome["ticks"] >= 20  # the other greenlet ran while the query waited
 
 
 def test_health_probes_answer_whatever_host_they_name(client: FlaskClient) -> None:

@@ -23,7 +23,6 @@ from deerflow_web.agent.middleware import UploadsMiddleware
 from deerflow_web.agent.tools import make_list_uploaded_files_tool
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import RecordSource
-from deerflow_web.services.prompt.chat_preview import PREVIEWS_FILE
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import PreviewTurn
 from deerflow_web.services.prompt.chat_preview import carried_shown_uploads
@@ -31,7 +30,8 @@ from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.chat_preview import message_files_for
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
-from deerflow_web.storage.chat_turns import SQLitePreviewHistory
+from deerflow_web.storage.chat_turns import DatabasePreviewHistory
+from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.records import StoredRecord
 from tests.agent_helpers import make_runtime
 
@@ -303,7 +303,7 @@ def test_history_is_shared_by_every_process_and_can_be_cleared(
 
     # Another server process: its own upload service and history store on the same files.
     other_uploads = make_upload_service(tmp_path)
-    other_history = SQLitePreviewHistory(tmp_path / PREVIEWS_FILE)
+    other_history = DatabasePreviewHistory(open_database(tmp_path))
     other = ChatPreviewService(other_uploads, other_history)
     try:
         turns = other.history(T)
@@ -314,8 +314,8 @@ def test_history_is_shared_by_every_process_and_can_be_cleared(
         ]
         assert other.clear(T) == 2
     finally:
-        other_history.close()
-        other_uploads.records.close()
+        other_history.engine.dispose()
+        other_uploads.records.engine.dispose()
     assert previews.history(T) == []
     assert service.list_uploads(T)  # clearing the history never touches the uploads
 
@@ -338,16 +338,8 @@ def test_unknown_mode_is_refused(previews: ChatPreviewService) -> None:
     assert previews.history(T) == []
 
 
-def test_the_history_file_appears_only_when_used(tmp_path: Path, service: UploadService) -> None:
-    preview = make_chat_preview_service(service)
-    assert not (tmp_path / PREVIEWS_FILE).exists()
-    preview.history(T)
-    assert (tmp_path / PREVIEWS_FILE).exists()
-    preview._history.close()  # noqa: SLF001
-
-
 def test_the_history_keeps_the_newest_turns(tmp_path: Path) -> None:
-    history = SQLitePreviewHistory(tmp_path / "h.sqlite3", max_turns=3)
+    history = DatabasePreviewHistory(open_database(tmp_path), max_turns=3)
     try:
         for number in range(5):
             history.append("s", {"n": number})
@@ -355,7 +347,7 @@ def test_the_history_keeps_the_newest_turns(tmp_path: Path) -> None:
         assert [turn.data["n"] for turn in history.turns("s")] == [2, 3, 4]
         assert [turn.data["n"] for turn in history.turns("other")] == [99]
     finally:
-        history.close()
+        history.engine.dispose()
 
 
 def test_agent_messages_in_state_do_not_matter_to_the_preview(

@@ -20,17 +20,17 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.models import UploadLimits
-from deerflow_web.services.uploads.service import RECORDS_FILE
 from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.paths import ThreadPaths
-from deerflow_web.storage.records import SQLiteUploadRecords
+from deerflow_web.storage.records import DatabaseUploadRecords
 
 LIMITS = UploadLimits(max_files=2, max_file_size=10, max_total_size=15)
 
 
 def make_service(base_dir: Path, clock: Callable[[], float] = lambda: 1000.0) -> UploadService:
     paths = ThreadPaths(base_dir)
-    records = SQLiteUploadRecords(paths.base_dir / RECORDS_FILE)
+    records = DatabaseUploadRecords(open_database(paths.base_dir))
     return UploadService(paths, records, LIMITS, clock=clock)
 
 

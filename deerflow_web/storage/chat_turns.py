@@ -1,35 +1,29 @@
-"""The chat preview's per-thread history of turns, in its own SQLite file.
+"""The chat preview's per-thread history of turns, in the shared database.
 
-Each server process (gunicorn runs several) serves preview requests, and the incremental
-mode needs the previous turn's `shown_uploads`, so the history cannot live in memory. It
-has its own database file, apart from the upload records: it is disposable tooling data,
-and clearing it must never touch a record. Turns are stored as JSON documents, because
-their shape is the preview service's business, not storage's.
+Each server process (and instance) serves preview requests, and the incremental mode needs
+the previous turn's `shown_uploads`, so the history cannot live in memory. It has its own
+table, apart from the upload records: it is disposable tooling data, and clearing it must
+never touch a record. Turns are stored as JSON documents, because their shape is the
+preview service's business, not storage's.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from typing import Protocol
 
-from deerflow_web.storage.sqlite import ThreadConnections
+from sqlalchemy import Engine
+from sqlalchemy import delete
+from sqlalchemy import insert
+from sqlalchemy import select
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS preview_turns (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    scope TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS preview_turns_scope ON preview_turns (scope, id);
-"""
+from deerflow_web.storage.database import preview_turns
+from deerflow_web.storage.database import write_transaction
 
 MAX_TURNS_PER_SCOPE = 100  # older turns are dropped: a preview history, not an archive
 
@@ -51,68 +45,59 @@ class PreviewHistory(Protocol):
     def clear(self, scope: str) -> int: ...
 
 
-class SQLitePreviewHistory:
-    """`PreviewHistory` in one SQLite file (WAL), opened on first use.
-
-    The file appears only once somebody previews, so apps that never use the page leave
-    no trace in the data dir.
-    """
+class DatabasePreviewHistory:
+    """`PreviewHistory` in the shared database's `preview_turns` table."""
 
     def __init__(
         self,
-        db_path: Path,
+        engine: Engine,
         *,
         max_turns: int = MAX_TURNS_PER_SCOPE,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.db_path = db_path
+        self.engine = engine
         self._max_turns = max_turns
         self._clock = clock
-        self._connections = ThreadConnections(db_path, SCHEMA)  # no file until first used
-
-    def _db(self) -> sqlite3.Connection:
-        return self._connections.get()
 
     def append(self, scope: str, data: Mapping[str, Any]) -> StoredTurn:
         """Save a turn at the end of the scope's history; the oldest beyond the cap go."""
         created_at = self._clock()
         document = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            cursor = db.execute(
-                "INSERT INTO preview_turns (scope, created_at, data) VALUES (?, ?, ?)",
-                (scope, created_at, document),
+        with write_transaction(self.engine) as db:
+            turn_id = db.execute(
+                insert(preview_turns)
+                .values(scope=scope, created_at=created_at, data=document)
+                .returning(preview_turns.c.id)
+            ).scalar_one()
+            keep = (
+                select(preview_turns.c.id)
+                .where(preview_turns.c.scope == scope)
+                .order_by(preview_turns.c.id.desc())
+                .limit(self._max_turns)
             )
-            turn_id = int(cursor.lastrowid or 0)
             db.execute(
-                "DELETE FROM preview_turns WHERE scope = ? AND id NOT IN "
-                "(SELECT id FROM preview_turns WHERE scope = ? ORDER BY id DESC LIMIT ?)",
-                (scope, scope, self._max_turns),
+                delete(preview_turns).where(
+                    preview_turns.c.scope == scope,
+                    preview_turns.c.id.not_in(keep.scalar_subquery()),
+                )
             )
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-        return StoredTurn(turn_id, created_at, json.loads(document))
+        return StoredTurn(int(turn_id), created_at, json.loads(document))
 
     def turns(self, scope: str) -> list[StoredTurn]:
         """The scope's turns, oldest first."""
-        rows = (
-            self._db()
-            .execute(
-                "SELECT id, created_at, data FROM preview_turns WHERE scope = ? ORDER BY id",
-                (scope,),
-            )
-            .fetchall()
-        )
+        with self.engine.connect() as db:
+            rows = db.execute(
+                select(preview_turns.c.id, preview_turns.c.created_at, preview_turns.c.data)
+                .where(preview_turns.c.scope == scope)
+                .order_by(preview_turns.c.id)
+            ).all()
         return [StoredTurn(turn_id, created, json.loads(data)) for turn_id, created, data in rows]
 
     def clear(self, scope: str) -> int:
         """Forget the scope's turns; return how many there were."""
-        cursor = self._db().execute("DELETE FROM preview_turns WHERE scope = ?", (scope,))
-        return cursor.rowcount
+        with write_transaction(self.engine) as db:
+            result = db.execute(delete(preview_turns).where(preview_turns.c.scope == scope))
+        return result.rowcount
 
     def close(self) -> None:
-        """Close this thread's connection (tests open many stores)."""
-        self._connections.close()
+        """Nothing to release: the engine belongs to whoever made it."""

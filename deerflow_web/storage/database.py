@@ -1,17 +1,28 @@
-"""The shared database: engine and tables for accounts, sessions, tokens, lockouts, owners.
+"""The shared database: one SQLAlchemy Core engine per process and every table it holds.
 
-SQLAlchemy Core over an embedded SQLite file by default (`{base}/deerflow.sqlite3`), or the
-server named by `DATABASE_URL` / `database.url` (SPEC 9). Everything several server
-processes must agree on (who is signed in, which session was revoked, how many logins
-failed, who owns a thread) lives here and never in one process's memory. The SQL stays
-portable: no SQLite-only syntax, so PostgreSQL can serve the same tables.
+An embedded SQLite file by default (`{base}/deerflow.sqlite3`), or the server named by
+`DATABASE_URL` / `database.url` (SPEC 9), e.g. `postgresql+psycopg://user:pass@host/db`.
+Everything several server processes (or several machines) must agree on lives here and
+never in one process's memory: upload records and conversion jobs, who is signed in, which
+session was revoked, how many logins failed, who owns a thread, resumable uploads, chat
+preview turns. The SQL is written once, with Core constructs, for both engines; the schema
+is created and upgraded by the Alembic migrations in `storage/migrations` (`migrate.py`).
+
+SQLite under gevent: SQLite's own busy handler sleeps inside the C library and would freeze
+every greenlet of the process, so connections give it only a few milliseconds, and a write
+transaction waits for the write lock with a Python sleep (`write_transaction`), which gevent
+turns into a cooperative one.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import BigInteger
 from sqlalchemy import Boolean
 from sqlalchemy import Column
 from sqlalchemy import Engine
@@ -20,13 +31,20 @@ from sqlalchemy import ForeignKey
 from sqlalchemy import Index
 from sqlalchemy import Integer
 from sqlalchemy import MetaData
+from sqlalchemy import PrimaryKeyConstraint
 from sqlalchemy import String
 from sqlalchemy import Table
+from sqlalchemy import Text
 from sqlalchemy import create_engine
 from sqlalchemy import event
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError
 
 DATABASE_FILE = "deerflow.sqlite3"
+BUSY_SLICE_SECONDS = 0.005  # what SQLite's own (blocking) busy handler gets
+BUSY_TIMEOUT_SECONDS = 60  # how long a writer waits for SQLite's write lock, in Python sleeps
+CONNECT_TIMEOUT_SECONDS = 5  # a server that does not answer fails the request, never hangs it
 
 metadata = MetaData()
 
@@ -86,39 +104,195 @@ thread_owners = Table(
 )
 
 
+uploads = Table(
+    "uploads",
+    metadata,
+    # The thread's `uploads` record set (SPEC D10); `scope` names the thread's folder.
+    Column("scope", Text, nullable=False),
+    Column("filename", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("sha256", Text, nullable=False),
+    Column("content_type", Text, nullable=False),
+    Column("uploaded_at", Float, nullable=False),
+    Column("mtime_ns", BigInteger, nullable=False),
+    Column("inode", BigInteger, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("original_filename", Text),
+    Column("converted_from", Text),
+    Column("conversion_state", Text),
+    Column("conversion_error", Text),
+    Column("conversion_owner", Text),  # host:pid of the worker holding the job
+    Column("source_sha256", Text),
+    Column("conversion_queued_at", Float),  # claim order of queued jobs
+    Column("conversion_lease_until", Float),  # a converting job past this is claimed again
+    PrimaryKeyConstraint("scope", "filename"),
+    Index("ix_uploads_conversion_state", "conversion_state"),
+    sqlite_with_rowid=False,
+)
+
+record_versions = Table(
+    "record_versions",
+    metadata,
+    # Bumped in the transaction of every write to a thread's records, so a process can tell
+    # whether the records it cached are still the stored ones (PostgreSQL; see records.py).
+    Column("scope", Text, primary_key=True),
+    Column("version", BigInteger, nullable=False),
+)
+
+preview_turns = Table(
+    "preview_turns",
+    metadata,
+    # The chat preview's turns: disposable tooling data, stored as JSON documents.
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("scope", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("data", Text, nullable=False),
+    Index("ix_preview_turns_scope", "scope", "id"),
+)
+
+resumable_uploads = Table(
+    "resumable_uploads",
+    metadata,
+    # Unfinished tus uploads (SPEC 8): any process may take an upload's next request.
+    Column("upload_id", String(64), primary_key=True),
+    Column("thread_id", Text, nullable=False),
+    Column("user_id", String(36)),
+    Column("filename", Text, nullable=False),
+    Column("on_conflict", String(16), nullable=False),
+    Column("metadata", Text, nullable=False),
+    Column("length", BigInteger, nullable=False),
+    Column("upload_offset", BigInteger, nullable=False),
+    Column("pending_from", BigInteger),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("staging_path", Text, nullable=False),
+    Index("ix_resumable_uploads_expiry", "expires_at"),
+    Index("ix_resumable_uploads_staging", "staging_path"),
+)
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot be reached right now; the request may be retried later."""
+
+
 def default_database_url(base_dir: Path) -> str:
     """The embedded default: one SQLite file under the data dir."""
     return f"sqlite:///{base_dir / DATABASE_FILE}"
 
 
-def _sqlite_pragmas(connection: Any, _record: Any) -> None:
-    """Wait for other processes' writes instead of failing, and let readers run alongside."""
+def is_sqlite(engine: Engine) -> bool:
+    """Whether the engine is the embedded SQLite one (locking and caching differ)."""
+    return engine.dialect.name == "sqlite"
+
+
+def _sqlite_connect(connection: Any, _record: Any) -> None:
+    """Autocommit at the driver (transactions are begun in `_sqlite_begin`), WAL, FKs."""
+    connection.isolation_level = None
     cursor = connection.cursor()
-    cursor.execute("PRAGMA busy_timeout = 30000")
-    cursor.execute("PRAGMA journal_mode = WAL")
-    cursor.execute("PRAGMA foreign_keys = ON")
+    for pragma in (
+        f"PRAGMA busy_timeout = {int(BUSY_SLICE_SECONDS * 1000)}",
+        "PRAGMA foreign_keys = ON",
+        "PRAGMA synchronous = NORMAL",
+        "PRAGMA journal_mode = WAL",  # a new file: another process may hold it meanwhile
+    ):
+        _retry_busy(lambda statement=pragma: cursor.execute(statement))
     cursor.close()
 
 
+def _is_busy(error: Exception) -> bool:
+    text = str(error)
+    return "locked" in text or "busy" in text
+
+
+def _retry_busy(attempt: Any) -> Any:
+    """Run `attempt` until SQLite stops answering "locked", sleeping in Python between tries."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    delay = 0.001
+    while True:
+        try:
+            return attempt()
+        except Exception as error:  # sqlite3.OperationalError, wrapped or not
+            if not _is_busy(error) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)  # gevent's sleep when the server runs on gevent
+        delay = min(delay * 2, 0.05)
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    """BEGIN (readers) or BEGIN IMMEDIATE (writers: the write lock up front, see below).
+
+    A deferred transaction that reads and then writes can fail at once when another
+    connection committed meanwhile (WAL snapshots), so writers take the lock first, waiting
+    for it cooperatively.
+    """
+    mode = conn.get_execution_options().get("sqlite_begin", "")
+    statement = f"BEGIN {mode}".strip()
+    raw = conn.connection.dbapi_connection
+    assert raw is not None
+    _retry_busy(lambda: raw.execute(statement))
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for `url`; SQLite files get WAL, a busy timeout and foreign keys."""
+    """An engine for `url`.
+
+    SQLite files get WAL, a short C-level busy timeout and explicit BEGINs; connections are
+    pooled without a hard cap (SQLite connections are cheap and a capped pool would make
+    greenlets queue). A server database gets connect timeouts and `pool_pre_ping`, so a
+    restarted server is found again without restarting the app.
+    """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-        event.listen(engine, "connect", _sqlite_pragmas)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": BUSY_SLICE_SECONDS},
+            pool_size=8,
+            max_overflow=-1,
+        )
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     else:
-        engine = create_engine(url, pool_pre_ping=True)
+        connect_args: dict[str, Any] = {}
+        if url.startswith("postgresql"):
+            connect_args["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+        engine = create_engine(
+            url,
+            connect_args=connect_args,
+            pool_pre_ping=True,
+            pool_size=10,
+            max_overflow=20,
+            pool_timeout=CONNECT_TIMEOUT_SECONDS * 2,
+        )
     return engine
 
 
-def create_schema(engine: Engine) -> None:
-    """Create the tables that do not exist yet (migrations come with the database work).
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction that will write: on SQLite it holds the write lock from its start.
 
-    Several server processes start at once; one that loses the race to create a table
-    sees it exist on the second look.
+    Commits when the block ends, rolls back when it raises.
     """
-    try:
-        metadata.create_all(engine)
-    except OperationalError:
-        metadata.create_all(engine)
+    with engine.connect() as conn:
+        if is_sqlite(engine):
+            conn.execution_options(sqlite_begin="IMMEDIATE")
+        with conn.begin():
+            yield conn
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether a database error means "cannot reach the server" rather than a bug.
+
+    A lost connection, a refused one and a server shutting down are all operational errors
+    flagged as disconnects (or timeouts of the connection pool); a constraint violation
+    or bad SQL is not.
+    """
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(error, PoolTimeout):
+        return True
+    if isinstance(error, DBAPIError):
+        if error.connection_invalidated:
+            return True
+        if isinstance(error, OperationalError) and not _is_busy(error):
+            return True
+    return False

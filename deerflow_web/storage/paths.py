@@ -182,6 +182,19 @@ class ThreadPaths:
         """The thread's key in the upload records: its folder relative to the base dir."""
         return self._thread_dir(thread_id, user_id).relative_to(self.base_dir).as_posix()
 
+    def parse_scope(self, scope: str) -> tuple[str, str | None]:
+        """(thread id, user id) of a records key made by `scope`.
+
+        Raises:
+            ValueError: Not a key `scope` makes.
+        """
+        parts = scope.split("/")
+        if len(parts) == 2 and parts[0] == "threads":
+            return validate_thread_id(parts[1]), None
+        if len(parts) == 4 and parts[0] == "users" and parts[2] == "threads":
+            return validate_thread_id(parts[3]), validate_user_id(parts[1])
+        raise ValueError(f"not a thread scope: {scope!r}")
+
     def user_data_dir(self, thread_id: str, user_id: str | None = None) -> Path:
         """The folder agents see as /mnt/user-data."""
         return self.checked(self._thread_dir(thread_id, user_id) / "user-data")

@@ -1,60 +1,62 @@
-"""The thread's `uploads` record set (SPEC D10) in an embedded SQLite database.
+"""The thread's `uploads` record set (SPEC D10) in the shared database.
 
-One database under the base dir serves every thread and every server process: SQLite's own
-locking makes a record write and the rename it describes one step, across processes, which
-an in-memory lock could not. `UploadRecords` is the narrow surface a server database could
-implement later.
+One table serves every thread, every server process and every instance: the database's
+locking makes a record write and the rename it describes one step across processes, which
+an in-memory lock could not (`locked`). Conversion jobs keep their state, owner and lease
+in the same rows (see `services/conversion/jobs.py`).
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 from typing import Protocol
 
+from sqlalchemy import Engine
+from sqlalchemy import and_
+from sqlalchemy import delete
+from sqlalchemy import func
+from sqlalchemy import or_
+from sqlalchemy import select
+from sqlalchemy import text
+from sqlalchemy import update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+
+from deerflow_web.models import ACTIVE_CONVERSION_STATES
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
-from deerflow_web.storage.sqlite import ConnectionPool
-from deerflow_web.storage.sqlite import PooledConnection
-from deerflow_web.storage.sqlite import write
+from deerflow_web.storage.database import is_sqlite
+from deerflow_web.storage.database import record_versions
+from deerflow_web.storage.database import uploads
+from deerflow_web.storage.database import write_transaction
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS uploads (
-    scope TEXT NOT NULL,
-    filename TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    sha256 TEXT NOT NULL,
-    content_type TEXT NOT NULL,
-    uploaded_at REAL NOT NULL,
-    mtime_ns INTEGER NOT NULL,
-    inode INTEGER NOT NULL,
-    source TEXT NOT NULL,
-    original_filename TEXT,
-    converted_from TEXT,
-    conversion_state TEXT,
-    conversion_error TEXT,
-    conversion_owner TEXT,
-    source_sha256 TEXT,
-    PRIMARY KEY (scope, filename)
-) WITHOUT ROWID;
-"""
-# Columns added after the first release, with their type: databases made before get them
-# at start-up (existing rows read NULL).
-ADDED_COLUMNS = (("source_sha256", "TEXT"),)
+CACHED_SCOPES = 64  # threads whose records a pooled SQLite connection (or a process) keeps
 
-CACHED_SCOPES = 64  # threads whose records each pooled connection keeps in memory
-
-_COLUMNS = (
-    "filename, size, sha256, content_type, uploaded_at, mtime_ns, inode, source, "
-    "original_filename, converted_from, conversion_state, conversion_error, source_sha256"
+_RECORD_COLUMNS = (
+    uploads.c.filename,
+    uploads.c.size,
+    uploads.c.sha256,
+    uploads.c.content_type,
+    uploads.c.uploaded_at,
+    uploads.c.mtime_ns,
+    uploads.c.inode,
+    uploads.c.source,
+    uploads.c.original_filename,
+    uploads.c.converted_from,
+    uploads.c.conversion_state,
+    uploads.c.conversion_error,
+    uploads.c.source_sha256,
 )
+_ACTIVE = [state.value for state in ACTIVE_CONVERSION_STATES]
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class RecordsTransaction(Protocol):
 class UploadRecords(Protocol):
     """The record store: read freely, write only inside `locked`."""
 
+    engine: Engine  # the shared database the other stores use too
+
     def all(self, scope: str) -> list[StoredRecord]: ...
     def get(self, scope: str, filename: str) -> StoredRecord | None: ...
     def locked(self, scope: str) -> AbstractContextManager[RecordsTransaction]: ...
@@ -138,8 +142,16 @@ class UploadRecords(Protocol):
         state: ConversionState | None,
         error: str | None = None,
         owner: str | None = None,
+        lease_until: float | None = None,
     ) -> bool: ...
-    def conversion_owner(self, scope: str, filename: str) -> str | None: ...
+    def conversion_job(self, scope: str, filename: str) -> ConversionJob | None: ...
+    def claim_conversion(
+        self, scope: str, filename: str, owner: str, now: float, lease_until: float
+    ) -> bool: ...
+    def claim_expired_conversions(
+        self, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[tuple[str, str]]: ...
+    def renew_leases(self, owner: str, lease_until: float) -> int: ...
     def find_conversions(
         self, states: Iterable[ConversionState]
     ) -> list[tuple[str, str, str | None]]: ...
@@ -147,144 +159,221 @@ class UploadRecords(Protocol):
     def ping(self) -> None: ...
 
 
-class _SQLiteTransaction:
-    def __init__(self, connection: sqlite3.Connection, scope: str) -> None:
+@dataclass(frozen=True)
+class ConversionJob:
+    """Who runs a file's conversion and until when its lease holds."""
+
+    state: ConversionState | None
+    owner: str | None
+    lease_until: float | None
+
+    def live(self, now: float) -> bool:
+        """Whether an active job's worker still holds its lease."""
+        return (
+            self.state in ACTIVE_CONVERSION_STATES
+            and self.lease_until is not None
+            and self.lease_until >= now
+        )
+
+
+def _values(scope: str, stored: StoredRecord) -> dict[str, Any]:
+    r = stored.record
+    return {
+        "scope": scope,
+        "filename": r.filename,
+        "size": r.size,
+        "sha256": r.sha256,
+        "content_type": r.content_type,
+        "uploaded_at": r.uploaded_at,
+        "mtime_ns": stored.mtime_ns,
+        "inode": stored.inode,
+        "source": r.source.value,
+        "original_filename": r.original_filename,
+        "converted_from": r.converted_from,
+        "conversion_state": r.conversion_state.value if r.conversion_state else None,
+        "conversion_error": r.conversion_error,
+        "source_sha256": r.source_sha256,
+        # A record written whole starts without a job holder, as a replaced file would.
+        "conversion_owner": None,
+        "conversion_queued_at": None,
+        "conversion_lease_until": None,
+    }
+
+
+def _read_all(db: Connection, scope: str) -> list[StoredRecord]:
+    rows = db.execute(
+        select(*_RECORD_COLUMNS).where(uploads.c.scope == scope).order_by(uploads.c.filename)
+    )
+    return [_to_stored(tuple(row)) for row in rows]
+
+
+def _bump_version(db: Connection, scope: str) -> None:
+    """Count a change to the thread's records, in the transaction that makes it."""
+    dialect_insert = pg_insert if db.dialect.name == "postgresql" else sqlite_insert
+    statement = dialect_insert(record_versions).values(scope=scope, version=1)
+    db.execute(
+        statement.on_conflict_do_update(
+            index_elements=["scope"], set_={"version": record_versions.c.version + 1}
+        )
+    )
+
+
+def _read_version(db: Connection, scope: str) -> int | None:
+    return db.execute(
+        select(record_versions.c.version).where(record_versions.c.scope == scope)
+    ).scalar_one_or_none()
+
+
+def _read_one(db: Connection, scope: str, filename: str) -> StoredRecord | None:
+    row = db.execute(
+        select(*_RECORD_COLUMNS).where(uploads.c.scope == scope, uploads.c.filename == filename)
+    ).first()
+    return _to_stored(tuple(row)) if row else None
+
+
+class _Transaction:
+    """`RecordsTransaction` on the connection that holds the scope's lock."""
+
+    def __init__(self, connection: Connection, scope: str) -> None:
         self._db = connection
         self._scope = scope
 
     def get(self, filename: str) -> StoredRecord | None:
-        row = self._db.execute(
-            f"SELECT {_COLUMNS} FROM uploads WHERE scope = ? AND filename = ?",
-            (self._scope, filename),
-        ).fetchone()
-        return _to_stored(row) if row else None
+        return _read_one(self._db, self._scope, filename)
 
     def all(self) -> list[StoredRecord]:
-        rows = self._db.execute(
-            f"SELECT {_COLUMNS} FROM uploads WHERE scope = ? ORDER BY filename", (self._scope,)
-        ).fetchall()
-        return [_to_stored(row) for row in rows]
+        return _read_all(self._db, self._scope)
 
     def put(self, stored: StoredRecord) -> None:
-        r = stored.record
+        values = _values(self._scope, stored)
+        dialect_insert = pg_insert if self._db.dialect.name == "postgresql" else sqlite_insert
+        statement = dialect_insert(uploads).values(values)
+        changed = {k: statement.excluded[k] for k in values if k not in ("scope", "filename")}
         self._db.execute(
-            f"INSERT OR REPLACE INTO uploads (scope, {_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                self._scope,
-                r.filename,
-                r.size,
-                r.sha256,
-                r.content_type,
-                r.uploaded_at,
-                stored.mtime_ns,
-                stored.inode,
-                r.source.value,
-                r.original_filename,
-                r.converted_from,
-                r.conversion_state.value if r.conversion_state else None,
-                r.conversion_error,
-                r.source_sha256,
-            ),
+            statement.on_conflict_do_update(index_elements=["scope", "filename"], set_=changed)
         )
 
     def delete(self, filename: str) -> None:
         self._db.execute(
-            "DELETE FROM uploads WHERE scope = ? AND filename = ?", (self._scope, filename)
+            delete(uploads).where(uploads.c.scope == self._scope, uploads.c.filename == filename)
         )
 
-
-def _add_missing_columns(db: sqlite3.Connection) -> None:
-    """Bring a database made by an earlier release up to `SCHEMA`."""
-    present = {row[1] for row in db.execute("PRAGMA table_info(uploads)")}
-    for name, kind in ADDED_COLUMNS:
-        if name not in present:
-            try:
-                write(db, f"ALTER TABLE uploads ADD COLUMN {name} {kind}")
-            except sqlite3.OperationalError as error:
-                if "duplicate column" not in str(error):  # another process added it first
-                    raise
+    def move_scope(self, new: str) -> int:
+        result = self._db.execute(
+            update(uploads).where(uploads.c.scope == self._scope).values(scope=new)
+        )
+        _bump_version(self._db, new)
+        return result.rowcount
 
 
-class SQLiteUploadRecords:
-    """`UploadRecords` in one SQLite file (WAL mode, so readers never wait for the writer).
+class DatabaseUploadRecords:
+    """`UploadRecords` in the shared database (SQLite or PostgreSQL, one SQL).
 
-    Connections come from a small pool rather than one per thread: under the gevent
-    server every request runs in a short-lived greenlet, and a connection (and its cache)
-    per greenlet would be opened and thrown away on every request. A transaction keeps its
-    connection for the caller's thread or greenlet, so reads made inside `locked` see the
-    rows it has not committed yet.
+    Transactions keep their connection for the caller's thread or greenlet, so reads made
+    inside `locked` see the rows it has not committed yet.
     """
 
-    def __init__(self, db_path: Path) -> None:
-        self.db_path = db_path
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sqlite = is_sqlite(engine)
         self._local = threading.local()  # the connection of an open transaction, if any
-        self._pool = ConnectionPool(db_path, SCHEMA)
-        with self._pool.borrow() as pooled:
-            _add_missing_columns(pooled.db)
+        # PostgreSQL: scope -> (record_versions.version, records), checked on every read.
+        self._cache: OrderedDict[str, tuple[int | None, list[StoredRecord]]] = OrderedDict()
+        self._cache_lock = threading.Lock()
 
     @contextmanager
-    def _connection(self) -> Iterator[PooledConnection]:
-        """The open transaction's connection, else one borrowed from the pool."""
+    def _connection(self) -> Iterator[Connection]:
+        """The open transaction's connection, else a pooled one."""
         current = getattr(self._local, "txn", None)
         if current is not None:
             yield current
             return
-        with self._pool.borrow() as pooled:
-            yield pooled
+        with self.engine.connect() as db:
+            yield db
 
     def ping(self) -> None:
         """Run a trivial query; raises when the database cannot be reached (readiness)."""
-        with self._connection() as pooled:
-            pooled.db.execute("SELECT COUNT(*) FROM uploads WHERE 0").fetchone()
+        with self._connection() as db:
+            db.execute(select(func.count()).select_from(uploads).where(text("1 = 0"))).scalar()
 
     def all(self, scope: str) -> list[StoredRecord]:
-        """Every record of the thread, by name; unchanged sets come from a per-connection cache.
+        """Every record of the thread, by name.
 
-        Listing a large thread is the hot read. `PRAGMA data_version` moves whenever another
-        connection (any process) commits and `total_changes` whenever this one writes, so
-        the pair tells for certain whether the cached records are still the stored ones.
+        Listing a large thread is the hot read, so the sets read last are kept, and checked
+        for freshness on every call (never trusted blindly):
+
+        - SQLite: per pooled connection. `PRAGMA data_version` moves whenever another
+          connection (any process) commits and `total_changes` whenever this one writes,
+          so the pair tells for certain whether the cached records are still the stored
+          ones.
+        - PostgreSQL: per process, keyed by the thread's `record_versions` row, which every
+          write to the thread's records bumps in its own transaction (any instance). The
+          version is read before the rows, so a write landing in between can only make the
+          cache look older than it is (one extra read), never newer.
         """
-        with self._connection() as pooled:
-            db = pooled.db
-            if db.in_transaction:  # uncommitted rows must never be cached
-                return _SQLiteTransaction(db, scope).all()
-            version = (db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
-            cache = pooled.cache
+        with self._connection() as db:
+            if getattr(self._local, "txn", None) is not None:
+                return _read_all(db, scope)  # uncommitted rows must never be cached
+            if not self._sqlite:
+                return self._all_checked_by_version(db, scope)
+            raw: Any = db.connection.dbapi_connection
+            version = (raw.execute("PRAGMA data_version").fetchone()[0], raw.total_changes)
+            cache: OrderedDict = db.connection.info.setdefault("records_cache", OrderedDict())
             hit = cache.get(scope)
             if hit is not None and hit[0] == version:
                 cache.move_to_end(scope)
                 return list(hit[1])
-            records = _SQLiteTransaction(db, scope).all()
+            records = _read_all(db, scope)
             cache[scope] = (version, records)
             if len(cache) > CACHED_SCOPES:
                 cache.popitem(last=False)
             return list(records)
 
+    def _all_checked_by_version(self, db: Connection, scope: str) -> list[StoredRecord]:
+        version = _read_version(db, scope)
+        with self._cache_lock:
+            hit = self._cache.get(scope)
+            if hit is not None and hit[0] == version:
+                self._cache.move_to_end(scope)
+                return list(hit[1])
+        records = _read_all(db, scope)
+        db.commit()  # end the read's transaction before the connection goes back
+        with self._cache_lock:
+            self._cache[scope] = (version, records)
+            if len(self._cache) > CACHED_SCOPES:
+                self._cache.popitem(last=False)
+        return list(records)
+
     def get(self, scope: str, filename: str) -> StoredRecord | None:
         """One record, or None."""
-        with self._connection() as pooled:
-            return _SQLiteTransaction(pooled.db, scope).get(filename)
+        with self._connection() as db:
+            return _read_one(db, scope, filename)
 
     @contextmanager
-    def locked(self, scope: str) -> Iterator[_SQLiteTransaction]:
-        """Hold the database's write lock; file renames made inside commit with the records.
+    def locked(self, scope: str) -> Iterator[_Transaction]:
+        """Serialise the thread's writers across processes; renames made inside commit with
+        the records.
 
-        BEGIN IMMEDIATE takes SQLite's write lock up front, so two processes committing the
-        same name run one after the other and the record always describes the bytes on disk.
+        SQLite: BEGIN IMMEDIATE takes the database's write lock up front. PostgreSQL: a
+        transaction-scoped advisory lock keyed by the scope, so two instances committing
+        the same name run one after the other (other threads are not held up) and the
+        record always describes the bytes on disk.
         """
-        with self._connection() as pooled:
-            db = pooled.db
-            write(db, "BEGIN IMMEDIATE")
-            self._local.txn = pooled
+        with write_transaction(self.engine) as db:
+            if not self._sqlite:
+                db.execute(text("SELECT pg_advisory_xact_lock(hashtext(:scope))"), {"scope": scope})
+            _bump_version(db, scope)  # commits (or rolls back) with the records
+            self._local.txn = db
             try:
-                yield _SQLiteTransaction(db, scope)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+                yield _Transaction(db, scope)
             finally:
                 self._local.txn = None
-            db.execute("COMMIT")
+
+    def _write(self) -> AbstractContextManager[Connection]:
+        current = getattr(self._local, "txn", None)
+        if current is not None:
+            return _Reuse(current)
+        return write_transaction(self.engine)
 
     def set_conversion(
         self,
@@ -293,57 +382,169 @@ class SQLiteUploadRecords:
         state: ConversionState | None,
         error: str | None = None,
         owner: str | None = None,
+        lease_until: float | None = None,
+        now: float | None = None,
     ) -> bool:
-        """Record a conversion job's state and the process running it; False if no record."""
-        with self._connection() as pooled:
-            cursor = write(
-                pooled.db,
-                "UPDATE uploads SET conversion_state = ?, conversion_error = ?, "
-                "conversion_owner = ? WHERE scope = ? AND filename = ?",
-                (state.value if state else None, error, owner, scope, filename),
+        """Record a conversion job's state, its worker and lease; False if no record."""
+        values: dict[str, Any] = {
+            "conversion_state": state.value if state else None,
+            "conversion_error": error,
+            "conversion_owner": owner,
+            "conversion_lease_until": lease_until,
+        }
+        if state is ConversionState.QUEUED:
+            values["conversion_queued_at"] = now
+        with self._write() as db:
+            # The state is part of the records. The version row first, as `locked` does:
+            # the same lock order in every writer, so two never wait for each other.
+            _bump_version(db, scope)
+            result = db.execute(
+                update(uploads)
+                .where(uploads.c.scope == scope, uploads.c.filename == filename)
+                .values(values)
             )
-            return cursor.rowcount > 0
+            return result.rowcount > 0
+
+    def conversion_job(self, scope: str, filename: str) -> ConversionJob | None:
+        """The file's job state, worker and lease, or None without a record."""
+        with self._connection() as db:
+            row = db.execute(
+                select(
+                    uploads.c.conversion_state,
+                    uploads.c.conversion_owner,
+                    uploads.c.conversion_lease_until,
+                ).where(uploads.c.scope == scope, uploads.c.filename == filename)
+            ).first()
+        if row is None:
+            return None
+        return ConversionJob(_STATES[row[0]] if row[0] else None, row[1], row[2])
 
     def conversion_owner(self, scope: str, filename: str) -> str | None:
-        """The process (`host:pid`) that runs the file's conversion job, if any."""
-        with self._connection() as pooled:
-            row = pooled.db.execute(
-                "SELECT conversion_owner FROM uploads WHERE scope = ? AND filename = ?",
-                (scope, filename),
-            ).fetchone()
-        return row[0] if row else None
+        """The worker (`host:pid`) that runs the file's conversion job, if any."""
+        job = self.conversion_job(scope, filename)
+        return job.owner if job else None
+
+    def claim_conversion(
+        self, scope: str, filename: str, owner: str, now: float, lease_until: float
+    ) -> bool:
+        """Take over an active job whose lease ran out (or that is ours already).
+
+        One conditional UPDATE: of two workers trying at once, exactly one matches.
+        """
+        with self._write() as db:
+            result = db.execute(
+                update(uploads)
+                .where(
+                    uploads.c.scope == scope,
+                    uploads.c.filename == filename,
+                    uploads.c.conversion_state.in_(_ACTIVE),
+                    or_(
+                        uploads.c.conversion_owner == owner,
+                        uploads.c.conversion_lease_until.is_(None),
+                        uploads.c.conversion_lease_until < now,
+                    ),
+                )
+                .values(conversion_owner=owner, conversion_lease_until=lease_until)
+            )
+            return result.rowcount > 0
+
+    def claim_expired_conversions(
+        self, owner: str, now: float, lease_until: float, limit: int
+    ) -> list[tuple[str, str]]:
+        """Claim up to `limit` active jobs whose worker stopped renewing its lease.
+
+        PostgreSQL: `FOR UPDATE SKIP LOCKED`, so instances sweeping together take different
+        jobs without waiting for each other; SQLite: the write lock serialises them.
+        """
+        if limit <= 0:
+            return []
+        expired = and_(
+            uploads.c.conversion_state.in_(_ACTIVE),
+            or_(
+                uploads.c.conversion_lease_until.is_(None),
+                uploads.c.conversion_lease_until < now,
+            ),
+        )
+        with write_transaction(self.engine) as db:
+            rows = db.execute(
+                select(uploads.c.scope, uploads.c.filename)
+                .where(expired)
+                .order_by(uploads.c.conversion_queued_at, uploads.c.scope, uploads.c.filename)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).all()
+            for scope, filename in rows:
+                db.execute(
+                    update(uploads)
+                    .where(uploads.c.scope == scope, uploads.c.filename == filename)
+                    .values(conversion_owner=owner, conversion_lease_until=lease_until)
+                )
+        return [(scope, filename) for scope, filename in rows]
+
+    def renew_leases(self, owner: str, lease_until: float) -> int:
+        """Extend the lease of every active job `owner` holds; return how many."""
+        with write_transaction(self.engine) as db:
+            result = db.execute(
+                update(uploads)
+                .where(
+                    uploads.c.conversion_owner == owner,
+                    uploads.c.conversion_state.in_(_ACTIVE),
+                )
+                .values(conversion_lease_until=lease_until)
+            )
+            return result.rowcount
 
     def find_conversions(
         self, states: Iterable[ConversionState]
     ) -> list[tuple[str, str, str | None]]:
         """(scope, filename, owner) of every record in one of `states`."""
         values = [s.value for s in states]
-        marks = ", ".join("?" for _ in values)
-        query = (
-            "SELECT scope, filename, conversion_owner FROM uploads "
-            f"WHERE conversion_state IN ({marks})"
-        )
-        with self._connection() as pooled:
-            return [tuple(row) for row in pooled.db.execute(query, values).fetchall()]
+        with self._connection() as db:
+            rows = db.execute(
+                select(uploads.c.scope, uploads.c.filename, uploads.c.conversion_owner).where(
+                    uploads.c.conversion_state.in_(values)
+                )
+            ).all()
+        return [(row[0], row[1], row[2]) for row in rows]
 
     def summaries(self) -> list[ThreadSummary]:
         """File count, total size and last change per thread, newest first."""
-        with self._connection() as pooled:
-            rows = pooled.db.execute(
-                "SELECT scope, COUNT(*), SUM(size), MAX(MAX(uploaded_at), MAX(mtime_ns) / 1e9) "
-                "FROM uploads GROUP BY scope ORDER BY 4 DESC"
-            ).fetchall()
-        return [
-            ThreadSummary(scope, count, total or 0, last or 0.0)
-            for scope, count, total, last in rows
+        with self._connection() as db:
+            rows = db.execute(
+                select(
+                    uploads.c.scope,
+                    func.count(),
+                    func.sum(uploads.c.size),
+                    func.max(uploads.c.uploaded_at),
+                    func.max(uploads.c.mtime_ns),
+                ).group_by(uploads.c.scope)
+            ).all()
+        summaries = [
+            ThreadSummary(
+                scope, count, int(total or 0), max(uploaded or 0.0, (mtime_ns or 0) / 1e9)
+            )
+            for scope, count, total, uploaded, mtime_ns in rows
         ]
+        summaries.sort(key=lambda s: s.last_change, reverse=True)
+        return summaries
 
     def move_scope(self, old: str, new: str) -> int:
         """Re-key a thread's records after its folder moved (adopting a flat thread)."""
         with self.locked(old) as txn:
-            cursor = txn._db.execute("UPDATE uploads SET scope = ? WHERE scope = ?", (new, old))
-        return cursor.rowcount
+            return txn.move_scope(new)
 
     def close(self) -> None:
-        """Close the pooled connections (tests open many stores)."""
-        self._pool.close()
+        """Nothing to release: the engine's pool belongs to whoever made the engine."""
+
+
+class _Reuse:
+    """The connection of the transaction already open in this thread, used as is."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def __enter__(self) -> Connection:
+        return self._connection
+
+    def __exit__(self, *_: object) -> None:
+        return None

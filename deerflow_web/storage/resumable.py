@@ -2,8 +2,8 @@
 bytes in a staging file of the thread's uploads folder.
 
 Any server process may take the next request of an upload, so nothing about it lives in
-one process's memory: the offset, length, metadata, owner and expiry are rows of the same
-SQLite file as the upload records, and the one writer at a time is whoever holds the
+one process's memory: the offset, length, metadata, owner and expiry are rows of the
+shared database (`resumable_uploads`), and the one writer at a time is whoever holds the
 staging file's `flock` (released by the kernel when a killed process goes away, so a dead
 request never blocks the upload for good).
 """
@@ -12,38 +12,40 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sqlite3
 from pathlib import Path
+from typing import Any
 from typing import Protocol
 
+from sqlalchemy import Engine
+from sqlalchemy import delete
+from sqlalchemy import func
+from sqlalchemy import insert
+from sqlalchemy import select
+from sqlalchemy import update
+
 from deerflow_web.models import ResumableUpload
-from deerflow_web.storage.sqlite import ThreadConnections
+from deerflow_web.storage.database import resumable_uploads
+from deerflow_web.storage.database import write_transaction
 
 STAGING_PREFIX = ".upload-tus-"
 STAGING_SUFFIX = ".part"
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS resumable_uploads (
-    upload_id TEXT PRIMARY KEY,
-    thread_id TEXT NOT NULL,
-    user_id TEXT,
-    filename TEXT NOT NULL,
-    on_conflict TEXT NOT NULL,
-    metadata TEXT NOT NULL,
-    length INTEGER NOT NULL,
-    upload_offset INTEGER NOT NULL,
-    pending_from INTEGER,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    staging_path TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS resumable_uploads_expiry ON resumable_uploads (expires_at);
-CREATE INDEX IF NOT EXISTS resumable_uploads_staging ON resumable_uploads (staging_path);
-"""
-
-_COLUMNS = (
-    "upload_id, thread_id, user_id, filename, on_conflict, metadata, length, upload_offset, "
-    "pending_from, created_at, expires_at, staging_path"
+_COLUMNS = tuple(
+    resumable_uploads.c[name]
+    for name in (
+        "upload_id",
+        "thread_id",
+        "user_id",
+        "filename",
+        "on_conflict",
+        "metadata",
+        "length",
+        "upload_offset",
+        "pending_from",
+        "created_at",
+        "expires_at",
+        "staging_path",
+    )
 )
 
 
@@ -101,46 +103,38 @@ def _to_upload(row: tuple) -> ResumableUpload:
     )
 
 
-class SQLiteResumableStore:
-    """`ResumableStore` in the records database file (its own table, WAL like the records)."""
+class DatabaseResumableStore:
+    """`ResumableStore` in the shared database's `resumable_uploads` table."""
 
-    def __init__(self, db_path: Path) -> None:
-        self.db_path = db_path
-        self._connections = ThreadConnections(db_path, SCHEMA)
-        self._connections.prepare()
-
-    def _db(self) -> sqlite3.Connection:
-        """This thread's connection (sqlite3 connections are not shared across threads)."""
-        return self._connections.get()
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def add(self, upload: ResumableUpload) -> None:
         """Record a new upload."""
-        self._db().execute(
-            f"INSERT INTO resumable_uploads ({_COLUMNS}) VALUES ({', '.join('?' * 12)})",
-            (
-                upload.upload_id,
-                upload.thread_id,
-                upload.user_id,
-                upload.filename,
-                upload.on_conflict,
-                upload.metadata,
-                upload.length,
-                upload.offset,
-                upload.pending_from,
-                upload.created_at,
-                upload.expires_at,
-                str(upload.staging_path),
-            ),
-        )
+        values: dict[str, Any] = {
+            "upload_id": upload.upload_id,
+            "thread_id": upload.thread_id,
+            "user_id": upload.user_id,
+            "filename": upload.filename,
+            "on_conflict": upload.on_conflict,
+            "metadata": upload.metadata,
+            "length": upload.length,
+            "upload_offset": upload.offset,
+            "pending_from": upload.pending_from,
+            "created_at": upload.created_at,
+            "expires_at": upload.expires_at,
+            "staging_path": str(upload.staging_path),
+        }
+        with write_transaction(self.engine) as db:
+            db.execute(insert(resumable_uploads).values(values))
 
     def get(self, upload_id: str) -> ResumableUpload | None:
         """One upload, or None."""
-        row = (
-            self._db()
-            .execute(f"SELECT {_COLUMNS} FROM resumable_uploads WHERE upload_id = ?", (upload_id,))
-            .fetchone()
-        )
-        return _to_upload(row) if row else None
+        with self.engine.connect() as db:
+            row = db.execute(
+                select(*_COLUMNS).where(resumable_uploads.c.upload_id == upload_id)
+            ).first()
+        return _to_upload(tuple(row)) if row else None
 
     def update(
         self,
@@ -151,37 +145,39 @@ class SQLiteResumableStore:
         expires_at: float | None = None,
     ) -> None:
         """Store the confirmed offset and whether unverified bytes follow it."""
-        self._db().execute(
-            "UPDATE resumable_uploads SET upload_offset = ?, pending_from = ?, "
-            "expires_at = COALESCE(?, expires_at) WHERE upload_id = ?",
-            (offset, pending_from, expires_at, upload_id),
-        )
+        values: dict[str, Any] = {"upload_offset": offset, "pending_from": pending_from}
+        if expires_at is not None:
+            values["expires_at"] = expires_at
+        with write_transaction(self.engine) as db:
+            db.execute(
+                update(resumable_uploads)
+                .where(resumable_uploads.c.upload_id == upload_id)
+                .values(values)
+            )
 
     def remove(self, upload_id: str) -> None:
         """Forget an upload (finished, terminated or expired)."""
-        self._db().execute("DELETE FROM resumable_uploads WHERE upload_id = ?", (upload_id,))
+        with write_transaction(self.engine) as db:
+            db.execute(delete(resumable_uploads).where(resumable_uploads.c.upload_id == upload_id))
 
     def expired(self, now: float) -> list[ResumableUpload]:
         """Every upload whose expiry has passed."""
-        rows = (
-            self._db()
-            .execute(f"SELECT {_COLUMNS} FROM resumable_uploads WHERE expires_at <= ?", (now,))
-            .fetchall()
-        )
-        return [_to_upload(row) for row in rows]
+        with self.engine.connect() as db:
+            rows = db.execute(select(*_COLUMNS).where(resumable_uploads.c.expires_at <= now)).all()
+        return [_to_upload(tuple(row)) for row in rows]
 
     def has_staging(self, path: Path) -> bool:
         """Whether `path` is the staging file of an upload still on record."""
-        row = (
-            self._db()
-            .execute("SELECT 1 FROM resumable_uploads WHERE staging_path = ?", (str(path),))
-            .fetchone()
-        )
-        return row is not None
+        with self.engine.connect() as db:
+            count = db.execute(
+                select(func.count())
+                .select_from(resumable_uploads)
+                .where(resumable_uploads.c.staging_path == str(path))
+            ).scalar_one()
+        return count > 0
 
     def close(self) -> None:
-        """Close this thread's connection (tests open many stores)."""
-        self._connections.close()
+        """Nothing to release: the engine belongs to whoever made it."""
 
 
 class ResumableStaging:

@@ -57,7 +57,18 @@ def build_document(settings: Settings) -> dict[str, Any]:
     form["properties"]["files"]["maxItems"] = settings.limits.max_files
     if not accounts_enabled(settings):
         _without_accounts(document)
+    _database_outages(document)
     return document
+
+
+def _database_outages(document: dict[str, Any]) -> None:
+    """Any operation may meet the database down for a moment: 503 with Retry-After."""
+    for item in document["paths"].values():
+        for method, operation in item.items():
+            if method in HTTP_METHODS:
+                operation["responses"].setdefault(
+                    "503", {"$ref": "#/components/responses/DatabaseUnavailable"}
+                )
 
 
 def _without_accounts(document: dict[str, Any]) -> None:

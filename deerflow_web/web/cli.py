@@ -1,4 +1,5 @@
-"""`flask --app app users ...`: set up accounts without a browser (SPEC 7.2).
+"""`flask --app app users ...`: set up accounts without a browser (SPEC 7.2);
+`flask --app app db upgrade`: migrate the shared database (SPEC 9).
 
 The commands use the same account rules as the pages and the API: a password the set-up
 page would refuse is refused here too.
@@ -16,8 +17,11 @@ from deerflow_web.errors import DeerFlowError
 from deerflow_web.services.accounts.adopt import adopt_flat_threads
 from deerflow_web.services.accounts.service import ADMIN
 from deerflow_web.services.accounts.service import USER
+from deerflow_web.storage.migrate import current_revision
+from deerflow_web.storage.migrate import upgrade_database
 from deerflow_web.web.wiring import get_services
 
+db_cli = AppGroup("db", help="The shared database: apply its migrations.")
 users_cli = AppGroup("users", help="Manage accounts: create users, API tokens, adopt threads.")
 
 
@@ -82,6 +86,21 @@ def adopt_threads(email: str) -> None:
     click.echo(f"{len(report.moved)} thread(s) moved to {account.email}")
 
 
+@db_cli.command("upgrade")
+def upgrade_db() -> None:
+    """Apply the migrations (and import the files of earlier releases) under the lock.
+
+    The server does the same at start-up; run it by hand before starting several instances
+    of a new release, or to check where a database stands.
+    """
+    services = get_services()
+    upgrade_database(services.engine, services.settings.base_dir)
+    with services.engine.connect() as connection:
+        revision = current_revision(connection)
+    click.echo(f"Database at revision {revision} ({services.engine.url.render_as_string()})")
+
+
 def init_app(app: Flask) -> None:
-    """Register the command group."""
+    """Register the command groups."""
     app.cli.add_command(users_cli)
+    app.cli.add_command(db_cli)

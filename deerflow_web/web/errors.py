@@ -62,6 +62,7 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.errors import UserNotFound
 from deerflow_web.errors import WeakPassword
 from deerflow_web.errors import WrongPassword
+from deerflow_web.storage.database import is_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
 
 NAME_TOO_LONG = "Name too long: a file or folder name is at most 255 bytes"
 NUL_IN_NAME = "Names and paths may not contain a NUL byte"
+DATABASE_UNAVAILABLE = "The database is unavailable; try again shortly"
+DATABASE_RETRY_AFTER_SECONDS = 5
 MALFORMED_BODY = "Malformed request body: the chunked transfer encoding is broken"
 
 
@@ -139,6 +142,17 @@ def client_fault(error: BaseException) -> str | None:
             return MALFORMED_BODY  # gunicorn reading a body: bad chunk size, missing CRLF
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def database_unreachable(error: BaseException) -> bool:
+    """Whether the failure is the database being out of reach (a restart, a failover, a
+    network cut), anywhere in the chain of causes: the request may simply be retried."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if is_unavailable(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def status_for(error: DeerFlowError) -> int:
@@ -189,6 +203,11 @@ def register_error_handlers(app: Flask) -> None:
     def handle_unexpected(error: Exception) -> ResponseReturnValue:
         if (fault := client_fault(error)) is not None:
             return render_error(400, fault)
+        if database_unreachable(error):
+            logger.warning("request failed: database unreachable: %s", error)
+            return render_error(
+                503, DATABASE_UNAVAILABLE, [("Retry-After", str(DATABASE_RETRY_AFTER_SECONDS))]
+            )
         logger.exception("unhandled error")
         return render_error(500, "Internal server error")
 

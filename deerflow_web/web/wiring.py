@@ -23,10 +23,8 @@ from deerflow_web.services.uploads.resumable import make_resumable_service
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
-from deerflow_web.storage.database import create_schema
-from deerflow_web.storage.database import default_database_url
-from deerflow_web.storage.database import make_engine
 from deerflow_web.storage.local import sweep_staging_files
+from deerflow_web.storage.migrate import open_database
 
 EXTENSION_KEY = "deerflow_web"
 SECRET_KEY_FILE = "secret_key"
@@ -37,7 +35,11 @@ class Services:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.uploads: UploadService = make_upload_service(settings.base_dir, settings.limits)
+        # One engine per process, shared by every store (SPEC 9); migrated before first use.
+        self.engine = open_database(settings.base_dir, settings.database_url)
+        self.uploads: UploadService = make_upload_service(
+            settings.base_dir, settings.limits, self.engine
+        )
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.intake = UploadIntake(self.uploads, self.conversions)
         self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
@@ -51,12 +53,9 @@ class Services:
         self._owners: ThreadOwners | None = None
 
     def _open_database(self) -> None:
-        """Create the engine and tables on first use: the single-user mode never needs them."""
-        url = self.settings.database_url or default_database_url(self.settings.base_dir)
-        engine = make_engine(url)
-        create_schema(engine)
-        self._accounts = AccountService(engine)
-        self._owners = ThreadOwners(engine)
+        """Build the account services on first use: the single-user mode never needs them."""
+        self._accounts = AccountService(self.engine)
+        self._owners = ThreadOwners(self.engine)
 
     @property
     def accounts(self) -> AccountService:
@@ -108,7 +107,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     sweep_staging_files(
         services.uploads.paths.iter_uploads_dirs(), keep=services.resumable.is_live_staging
     )
-    services.conversions.fail_interrupted_jobs()
+    services.conversions.reclaim_interrupted_jobs()
     app.extensions[EXTENSION_KEY] = services
 
 

@@ -13,7 +13,7 @@ from dataclasses import field
 
 from deerflow_web.services.accounts.owners import ThreadOwners
 from deerflow_web.storage.paths import ThreadPaths
-from deerflow_web.storage.records import SQLiteUploadRecords
+from deerflow_web.storage.records import DatabaseUploadRecords
 
 
 @dataclass
@@ -25,7 +25,7 @@ class AdoptReport:
 
 
 def adopt_flat_threads(
-    paths: ThreadPaths, records: SQLiteUploadRecords, owners: ThreadOwners, user_id: str
+    paths: ThreadPaths, records: DatabaseUploadRecords, owners: ThreadOwners, user_id: str
 ) -> AdoptReport:
     """Move every flat-layout thread into the user's layout and make the user its owner.
 

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.storage.database import thread_owners
+from deerflow_web.storage.database import write_transaction
 
 
 class ThreadOwners:
@@ -44,7 +45,7 @@ class ThreadOwners:
             return
         if owner is None:
             try:
-                with self.engine.begin() as db:
+                with write_transaction(self.engine) as db:
                     db.execute(
                         insert(thread_owners).values(
                             thread_id=thread_id, user_id=user_id, created_at=time.time()

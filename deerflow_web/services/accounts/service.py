@@ -43,6 +43,7 @@ from deerflow_web.storage.database import api_tokens
 from deerflow_web.storage.database import login_failures
 from deerflow_web.storage.database import sessions
 from deerflow_web.storage.database import users
+from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.paths import validate_user_id
 
 ADMIN = "admin"
@@ -173,7 +174,7 @@ class AccountService:
             "created_at": self._clock(),
         }
         try:
-            with self.engine.begin() as db:
+            with write_transaction(self.engine) as db:
                 db.execute(insert(users).values(**values))
         except IntegrityError:
             raise EmailTaken() from None
@@ -199,7 +200,7 @@ class AccountService:
                 .limit(1)
             ).scalar_one()
         if first != account.id:  # another set-up won the race: undo ours
-            with self.engine.begin() as db:
+            with write_transaction(self.engine) as db:
                 db.execute(delete(users).where(users.c.id == account.id))
             raise AlreadyInitialized()
         return account
@@ -232,7 +233,7 @@ class AccountService:
         """
         if disabled and user_id == acting_user_id:
             raise SelfDisable()
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             result = db.execute(
                 update(users).where(users.c.id == user_id).values(disabled=disabled)
             )
@@ -245,7 +246,7 @@ class AccountService:
     def reset_password(self, user_id: str) -> str:
         """Give the account a random temporary password it must change; end its sessions."""
         temporary = secrets.token_urlsafe(12)
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             result = db.execute(
                 update(users)
                 .where(users.c.id == user_id)
@@ -272,7 +273,7 @@ class AccountService:
         if not self.passwords.verify(stored, current):
             raise WrongPassword("Current password is incorrect")
         keep = _digest(keep_session) if keep_session else ""
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             db.execute(
                 update(users)
                 .where(users.c.id == user_id)
@@ -335,7 +336,7 @@ class AccountService:
         text = password if isinstance(password, str) else ""
         matches = self.passwords.verify(row.password_hash if row is not None else None, text)
         if not matches or row is None or row.disabled:
-            with self.engine.begin() as db:
+            with write_transaction(self.engine) as db:
                 db.execute(
                     insert(login_failures),
                     [
@@ -345,7 +346,7 @@ class AccountService:
                 )
                 db.execute(delete(login_failures).where(login_failures.c.at < now - 86400))
             raise InvalidCredentials()
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             db.execute(
                 delete(login_failures).where(
                     login_failures.c.kind == "account", login_failures.c.subject == subject
@@ -359,7 +360,7 @@ class AccountService:
         """Start a server-side session and return its secret (it goes into the cookie)."""
         secret = secrets.token_urlsafe(32)
         now = self._clock()
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             db.execute(
                 insert(sessions).values(
                     id_hash=_digest(secret),
@@ -385,7 +386,7 @@ class AccountService:
         return _account(row)
 
     def end_session(self, secret: str) -> None:
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             db.execute(delete(sessions).where(sessions.c.id_hash == _digest(secret)))
 
     # -- API tokens ----------------------------------------------------------------------
@@ -421,7 +422,7 @@ class AccountService:
             expires_at=None if expires_in_days is None else now + expires_in_days * 86400,
             last_used_at=None,
         )
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             db.execute(
                 insert(api_tokens).values(
                     id=token.id,
@@ -445,7 +446,7 @@ class AccountService:
 
     def revoke_token(self, user_id: str, token_id: str) -> None:
         """Delete one of the caller's tokens; someone else's is 'not found'."""
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             result = db.execute(
                 delete(api_tokens).where(
                     api_tokens.c.id == token_id, api_tokens.c.user_id == user_id
@@ -467,7 +468,7 @@ class AccountService:
             raise TokenInvalid()
         if row.expires_at is not None and row.expires_at <= now:
             raise TokenExpired()
-        with self.engine.begin() as db:
+        with write_transaction(self.engine) as db:
             # Recorded at most once a minute, so a busy script does not write on every call.
             db.execute(
                 update(api_tokens)

@@ -6,6 +6,13 @@ limited child process, see `runner.py`) and writes `queued`, `converting`, `done
 `failed` into the file's upload record, where every server process can read it. The
 companion is recorded as converted from its original (SPEC D8), so a delete removes exactly
 that file, a re-conversion replaces it, and a `.md` the user uploaded is never touched.
+
+Several instances (SPEC 9): a job is claimed in the database by the process that runs it,
+with a lease (`conversion.lease_seconds`) that a keeper thread renews for every job the
+process holds, queued or converting. A job whose process died stops being renewed; once
+its lease has run out any instance claims it again (the keeper's sweep, `FOR UPDATE SKIP
+LOCKED` on PostgreSQL, or a convert request that finds it), so no job stays `converting`
+for ever. A convert request for a job another instance runs polls the database.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
@@ -87,8 +95,25 @@ def _owner_is_gone(owner: str | None) -> bool:
     return False
 
 
+def _keep(jobs: weakref.ref[ConversionJobs], stop: threading.Event, every: float) -> None:
+    """The keeper thread: holds its jobs object weakly, so a dropped one ends it."""
+    while not stop.wait(every):
+        current = jobs()
+        if current is None:
+            return
+        try:
+            current.keep_once()
+        except Exception:  # a database outage must not end the keeper
+            logger.warning("conversion leases: renewal failed", exc_info=True)
+        del current
+
+
 class ConversionJobs:
-    """Start conversions, wait a little for them, and report their state."""
+    """Start conversions, wait a little for them, and report their state.
+
+    `queued` (and so `conversion.max_queued`) counts this process's backlog: each instance
+    bounds the work it takes on, wherever the requests came from.
+    """
 
     def __init__(
         self,
@@ -106,6 +131,9 @@ class ConversionJobs:
         self._counting = threading.Lock()
         self._waiting = 0  # jobs submitted to the pool that have not started yet
         self.started_jobs = 0  # conversions run by this process, for tests and benchmarks
+        self.owner = process_owner()
+        self._keeper: threading.Thread | None = None
+        self._stop = threading.Event()
 
     @property
     def queued(self) -> int:
@@ -113,15 +141,73 @@ class ConversionJobs:
         with self._counting:
             return self._waiting
 
-    def fail_interrupted_jobs(self) -> int:
-        """Mark jobs whose process died (a restart) as failed; return how many."""
+    def _lease(self) -> float:
+        return time.time() + self.settings.lease_seconds
+
+    def reclaim_interrupted_jobs(self) -> int:
+        """At start-up: take over jobs whose process on this host died (a restart) and run
+        them again, without waiting for their leases to run out; return how many."""
         records = self.uploads.records
+        now = time.time()
         count = 0
         for scope, filename, owner in records.find_conversions(ACTIVE_CONVERSION_STATES):
-            if _owner_is_gone(owner):
-                records.set_conversion(scope, filename, ConversionState.FAILED, INTERRUPTED)
+            if not _owner_is_gone(owner):
+                continue
+            records.set_conversion(scope, filename, ConversionState.QUEUED, None, None, 0.0, now)
+            if records.claim_conversion(scope, filename, self.owner, now, self._lease()):
+                self._start_claimed(scope, filename)
                 count += 1
         return count
+
+    def start_keeper(self) -> None:
+        """Renew this process's leases and sweep for orphaned jobs, in the background.
+
+        Started by the first job, and by servers at start-up (so an idle instance still
+        picks up the jobs of one that died).
+        """
+        with self._lock:
+            if self._keeper is not None and self._keeper.is_alive():
+                return
+            self._stop.clear()
+            self._keeper = threading.Thread(
+                target=_keep,
+                args=(weakref.ref(self), self._stop, self.settings.lease_renew_seconds),
+                name="conversion-leases",
+                daemon=True,
+            )
+            self._keeper.start()
+
+    def stop_keeper(self) -> None:
+        """Stop the keeper thread (tests)."""
+        self._stop.set()
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.join(5)
+
+    def keep_once(self) -> list[tuple[str, str]]:
+        """Renew this process's leases, then claim orphaned jobs it has room for."""
+        records = self.uploads.records
+        records.renew_leases(self.owner, self._lease())
+        room = self.settings.max_queued - self.queued
+        claimed = records.claim_expired_conversions(self.owner, time.time(), self._lease(), room)
+        for scope, filename in claimed:
+            logger.info("claimed orphaned conversion of %s in %s", filename, scope)
+            self._start_claimed(scope, filename)
+        return claimed
+
+    def _start_claimed(self, scope: str, filename: str) -> None:
+        """Run a job this process has just claimed in the database."""
+        try:
+            thread_id, user_id = self.uploads.paths.parse_scope(scope)
+        except ValueError:
+            self.uploads.records.set_conversion(
+                scope, filename, ConversionState.FAILED, "Unknown thread"
+            )
+            return
+        try:
+            self._start(thread_id, user_id, [filename], claimed=True)
+        except ConversionQueueFull:
+            pass  # our lease lapses and another instance (or a later sweep) takes it
 
     def convert(
         self,
@@ -143,14 +229,18 @@ class ConversionJobs:
             raise NotConvertible(filename)
         timeout = self.settings.wait_seconds if wait is None else wait
         scope = self.uploads.paths.scope(thread_id, user_id)
-        owner = self.uploads.records.conversion_owner(scope, filename)
-        if (
-            record.conversion_state in ACTIVE_CONVERSION_STATES
-            and owner != process_owner()
-            and not _owner_is_gone(owner)
-        ):
-            return self._wait_for_other_process(thread_id, filename, user_id, timeout)
-        future = self._start(thread_id, user_id, [filename])
+        records = self.uploads.records
+        job = records.conversion_job(scope, filename)
+        if job is not None and job.state in ACTIVE_CONVERSION_STATES and job.owner != self.owner:
+            now = time.time()
+            taken = not job.live(now) and records.claim_conversion(
+                scope, filename, self.owner, now, self._lease()
+            )
+            if not taken:  # another instance runs it: follow it in the database
+                return self._wait_for_other_process(thread_id, filename, user_id, timeout)
+            future = self._start(thread_id, user_id, [filename], claimed=True)
+        else:
+            future = self._start(thread_id, user_id, [filename])
         error: ConversionError | None = None
         try:
             error = future.result(timeout=timeout).get(filename)
@@ -185,7 +275,7 @@ class ConversionJobs:
         return {r.converted_from: r for r in records if r.converted_from in names}
 
     def _start(
-        self, thread_id: str, user_id: str | None, filenames: list[str]
+        self, thread_id: str, user_id: str | None, filenames: list[str], *, claimed: bool = False
     ) -> Future[dict[str, ConversionError | None]]:
         scope = self.uploads.paths.scope(thread_id, user_id)
         key = (scope, filenames[0]) if len(filenames) == 1 else (scope, "\0".join(filenames))
@@ -198,10 +288,12 @@ class ConversionJobs:
                     # Bounded, so a burst of requests cannot pile up hours of work.
                     raise ConversionQueueFull(self._waiting, RETRY_AFTER_SECONDS)
                 self._waiting += 1
-            for name in filenames:
-                self.uploads.records.set_conversion(
-                    scope, name, ConversionState.QUEUED, None, process_owner()
-                )
+            if not claimed:
+                now = time.time()
+                for name in filenames:
+                    self.uploads.records.set_conversion(
+                        scope, name, ConversionState.QUEUED, None, self.owner, self._lease(), now
+                    )
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     max_workers=self.settings.workers, thread_name_prefix="convert"
@@ -211,6 +303,7 @@ class ConversionJobs:
         # Outside the lock: a job that is already done runs the callback right here, and
         # the callback takes the lock itself.
         future.add_done_callback(lambda _: self._forget(key, future))
+        self.start_keeper()
         return future
 
     def _forget(self, key: tuple[str, str], future: Future) -> None:
@@ -270,8 +363,15 @@ class ConversionJobs:
         error: str | None = None,
     ) -> None:
         scope = self.uploads.paths.scope(thread_id, user_id)
-        owner = process_owner() if state in ACTIVE_CONVERSION_STATES else None
-        self.uploads.records.set_conversion(scope, filename, state, error, owner)
+        active = state in ACTIVE_CONVERSION_STATES
+        self.uploads.records.set_conversion(
+            scope,
+            filename,
+            state,
+            error,
+            self.owner if active else None,
+            self._lease() if active else None,
+        )
 
     def _convert_one(self, thread_id: str, user_id: str | None, filename: str) -> None:
         folder = self.uploads.uploads_dir(thread_id, user_id)
@@ -280,6 +380,9 @@ class ConversionJobs:
         before = records.get(scope, filename)
         if before is None:
             return  # deleted while queued
+        now = time.time()
+        if not records.claim_conversion(scope, filename, self.owner, now, self._lease()):
+            return  # our lease ran out meanwhile and another instance took the job
         self._set(thread_id, user_id, filename, ConversionState.CONVERTING)
         started = time.monotonic()
         temporary = staging_path(folder)
@@ -338,10 +441,18 @@ class ConversionJobs:
     def _wait_for_other_process(
         self, thread_id: str, filename: str, user_id: str | None, wait: float
     ) -> ConversionStatus:
-        """Poll the records while another server process runs the job."""
+        """Poll the database while another process (or instance) runs the job; take the job
+        over if that process stops renewing its lease meanwhile."""
         deadline = time.monotonic() + wait
+        scope = self.uploads.paths.scope(thread_id, user_id)
+        records = self.uploads.records
         while True:
             status = self.status(thread_id, filename, user_id=user_id)
             if status.finished or time.monotonic() >= deadline:
                 return status
+            job = records.conversion_job(scope, filename)
+            now = time.time()
+            if job is not None and not job.live(now) and job.owner != self.owner:
+                if records.claim_conversion(scope, filename, self.owner, now, self._lease()):
+                    self._start(thread_id, user_id, [filename], claimed=True)
             time.sleep(POLL_SECONDS)

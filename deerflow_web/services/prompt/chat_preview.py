@@ -32,13 +32,12 @@ from deerflow_web.services.prompt.turn import compose_text
 from deerflow_web.services.prompt.turn import current_turn
 from deerflow_web.services.prompt.turn import incremental_turn
 from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.storage.chat_turns import DatabasePreviewHistory
 from deerflow_web.storage.chat_turns import PreviewHistory
-from deerflow_web.storage.chat_turns import SQLitePreviewHistory
 from deerflow_web.storage.chat_turns import StoredTurn
 
 PreviewMode = Literal["current", "incremental"]
 PREVIEW_MODES: tuple[PreviewMode, ...] = ("current", "incremental")
-PREVIEWS_FILE = "previews.sqlite3"
 TITLE_CHARS = 80
 
 
@@ -274,6 +273,6 @@ class ChatPreviewService:
 def make_chat_preview_service(
     uploads: UploadService, *, max_files: int = DEFAULT_MAX_FILES
 ) -> ChatPreviewService:
-    """Build the preview over the upload service's data dir (`{base}/previews.sqlite3`)."""
-    history = SQLitePreviewHistory(uploads.paths.base_dir / PREVIEWS_FILE)
+    """Build the preview over the upload service's data dir and database."""
+    history = DatabasePreviewHistory(uploads.records.engine)
     return ChatPreviewService(uploads, history, max_files=max_files)

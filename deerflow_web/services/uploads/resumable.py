@@ -44,15 +44,14 @@ from deerflow_web.models import OnConflict
 from deerflow_web.models import ResumableUpload
 from deerflow_web.services.uploads.intake import AcceptedUploads
 from deerflow_web.services.uploads.intake import UploadIntake
-from deerflow_web.services.uploads.service import RECORDS_FILE
 from deerflow_web.storage.filenames import normalize_filename
 from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.resumable import DatabaseResumableStore
 from deerflow_web.storage.resumable import ResumableStaging
 from deerflow_web.storage.resumable import ResumableStore
-from deerflow_web.storage.resumable import SQLiteResumableStore
 from deerflow_web.storage.resumable import staging_name
 from deerflow_web.storage.sniff import SNIFF_BYTES
 from deerflow_web.storage.sniff import sniff_content_type
@@ -489,6 +488,6 @@ def _fill(body: ChunkSource, view: memoryview) -> tuple[int, MalformedUpload | N
 def make_resumable_service(
     intake: UploadIntake, *, expiry_hours: float = 24.0
 ) -> ResumableUploadService:
-    """Build the service over the upload service's data dir and records database."""
-    store = SQLiteResumableStore(intake.uploads.paths.base_dir / RECORDS_FILE)
+    """Build the service over the upload service's data dir and database."""
+    store = DatabaseResumableStore(intake.uploads.records.engine)
     return ResumableUploadService(intake, store, expiry_seconds=expiry_hours * 3600)

@@ -22,6 +22,8 @@ from pathlib import Path
 from pathlib import PurePosixPath
 from typing import Protocol
 
+from sqlalchemy import Engine
+
 from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import FileTooLarge
 from deerflow_web.errors import InsufficientStorage
@@ -52,17 +54,17 @@ from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import scan_regular_files
+from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.records import DatabaseUploadRecords
 from deerflow_web.storage.records import RecordsTransaction
-from deerflow_web.storage.records import SQLiteUploadRecords
 from deerflow_web.storage.records import StoredRecord
 from deerflow_web.storage.records import UploadRecords
 
 logger = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1024 * 1024
-RECORDS_FILE = "uploads.sqlite3"
 # Drift checks (see `UploadService.list_uploads`): a folder whose own change time is this
 # recent is scanned anyway (a second change in the same timestamp tick would be invisible),
 # and a folder is scanned in full at least this often, for edits in place behind our back.
@@ -631,8 +633,14 @@ def _check_single_segment(filename: str) -> None:
         raise InvalidPath()
 
 
-def make_upload_service(base_dir: Path, limits: UploadLimits | None = None) -> UploadService:
-    """Build the service over a data dir: the one place storage objects are assembled."""
+def make_upload_service(
+    base_dir: Path, limits: UploadLimits | None = None, engine: Engine | None = None
+) -> UploadService:
+    """Build the service over a data dir: the one place storage objects are assembled.
+
+    `engine` is the process's shared database; without one, the data dir's embedded
+    SQLite file is opened (and migrated).
+    """
     paths = ThreadPaths(base_dir)
-    records = SQLiteUploadRecords(paths.base_dir / RECORDS_FILE)
+    records = DatabaseUploadRecords(engine or open_database(paths.base_dir))
     return UploadService(paths, records, limits or UploadLimits())

@@ -1,0 +1,1 @@
+"""Alembic migrations of the shared database (`storage/migrate.py` runs them)."""
