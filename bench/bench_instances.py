@@ -167,6 +167,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="fewer uploads, lists of 1,000 only")
+    parser.add_argument("--lists-only", action="store_true", help="skip the upload rounds")
     args = parser.parse_args()
     per_client = 2 if args.quick else 4
     list_sizes = [1000] if args.quick else [1000, 10_000]
@@ -229,7 +230,8 @@ def main() -> int:
                     server.kill()
                     shutil.rmtree(data, ignore_errors=True)
 
-        timed_section("16 clients uploading 10 MiB files: one instance vs two", uploads)
+        if not args.lists_only:
+            timed_section("16 clients uploading 10 MiB files: one instance vs two", uploads)
         timed_section("list latency", lists)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -95,6 +95,7 @@ class LiveServer:
             env["DEER_FLOW_AUTH_DISABLED"] = "1"
         if self.config is not None:
             env["DEER_FLOW_CONFIG_PATH"] = str(self.config)
+        env.pop("DATABASE_URL", None)  # None: the default SQLite database in the data dir
         if self.database_url is not None:
             env["DATABASE_URL"] = self.database_url
         return env
