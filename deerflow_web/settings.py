@@ -140,6 +140,14 @@ class Settings:
     # A connection that sends or receives nothing for this long is dropped: a stalled
     # upload (its staging file removed), a download nobody reads, headers that never end.
     idle_timeout_seconds: float = 60.0
+    # Signs sessions and CSRF tokens; every instance needs the same one (SPEC 9). None: the
+    # key generated once into the data dir, which every instance on the volume reads.
+    secret_key: str | None = None
+
+
+def _optional_string(value: object) -> str | None:
+    """A non-empty string setting, else None."""
+    return value.strip() or None if isinstance(value, str) else None
 
 
 def parse_bool(value: object) -> bool:
@@ -342,4 +350,5 @@ def load_settings(
         idle_timeout_seconds=positive_setting(
             server, "idle_timeout_seconds", Settings.idle_timeout_seconds
         ),
+        secret_key=env.get("SECRET_KEY") or _optional_string(server.get("secret_key")),
     )

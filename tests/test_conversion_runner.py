@@ -272,6 +272,8 @@ def test_worker_gets_private_home_and_no_secrets(
     real_home.mkdir()
     monkeypatch.setenv("HOME", str(real_home))
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("SECRET_KEY", "session-secret")
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://app:db-secret@db/deerflow")
     source = make_docx(docs / "report.docx")
     reporter = stand_in(
         "import json, os, sys\n"
@@ -283,6 +285,7 @@ def test_worker_gets_private_home_and_no_secrets(
 
     seen = (docs / "report.md").read_text(encoding="utf-8")
     assert "sk-secret" not in seen
+    assert "session-secret" not in seen and "db-secret" not in seen
     assert str(real_home) not in seen
     assert list(real_home.iterdir()) == []
 

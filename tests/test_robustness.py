@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -361,3 +362,12 @@ def test_every_worker_gets_the_same_complete_secret_key(base_dir: Path) -> None:
     assert len(key) == 64
     assert (base_dir / "secret_key").stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in base_dir.iterdir()) == ["secret_key"]
+
+
+def test_a_configured_secret_key_is_used_and_none_is_generated(
+    make_app: Any, base_dir: Path
+) -> None:
+    """Instances on different volumes agree through `server.secret_key` / SECRET_KEY."""
+    app = make_app(server={"secret_key": "one key for every instance"})
+    assert app.config["SECRET_KEY"] == "one key for every instance"
+    assert not (base_dir / "secret_key").exists()

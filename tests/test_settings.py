@@ -139,3 +139,14 @@ def test_parse_flag_vocabulary(raw: str, expected: bool | None) -> None:
 def test_settings_booleans_use_the_same_words_without_letters() -> None:
     assert [parse_bool(w) for w in ("true", "1", "yes", "on")] == [True] * 4
     assert [parse_bool(w) for w in ("t", "y", "false", "0")] == [False] * 4
+
+
+def test_secret_key_from_environment_or_config(tmp_path: Path) -> None:
+    """SPEC 9: SECRET_KEY wins over server.secret_key; neither means the data dir's file."""
+    assert load_settings(environ={}, cwd=tmp_path).secret_key is None
+    write(tmp_path / "config.yaml", "server:\n  secret_key: from-config\n")
+    assert load_settings(environ={}, cwd=tmp_path).secret_key == "from-config"
+    env = {"SECRET_KEY": "from-env"}
+    assert load_settings(environ=env, cwd=tmp_path).secret_key == "from-env"
+    write(tmp_path / "config.yaml", "server:\n  secret_key: '  '\n")
+    assert load_settings(environ={}, cwd=tmp_path).secret_key is None
