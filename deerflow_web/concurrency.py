@@ -44,6 +44,21 @@ def off_loop(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return hub.threadpool.apply(context.run, (function, *args), kwargs)
 
 
+def start_off_loop(function: Callable[..., T], /, *args: Any) -> Callable[[], T]:
+    """Start `function` like `off_loop` without waiting; return what waits for its result.
+
+    Lets a greenlet overlap its own work: read the next chunk of a body while the thread
+    hashes and writes the previous one. Under threads the function has run by the time
+    this returns (an error is raised here, not by the waiter).
+    """
+    hub = _gevent_hub()
+    if hub is None:
+        value = function(*args)
+        return lambda: value
+    context = contextvars.copy_context()
+    return hub.threadpool.spawn(context.run, function, *args).get
+
+
 def pause() -> None:
     """Let other greenlets run (a no-op under threads, which the interpreter switches)."""
     if _gevent_hub() is not None:
