@@ -155,6 +155,9 @@ def test_cached_sets_are_reused_until_any_writer_changes_the_thread(
     second = DatabaseUploadRecords(open_database(base_dir, database_url))  # another process
     with first.locked("s") as txn:
         txn.put(stored("a.pdf"))
+    held = [first.engine.connect() for _ in range(3)]  # several pooled connections now
+    for connection in held:
+        connection.close()
     once, twice = first.all("s"), first.all("s")
     assert once == twice and all(a is b for a, b in zip(once, twice, strict=True))
     second.set_conversion("s", "a.pdf", ConversionState.QUEUED, owner="h:1")

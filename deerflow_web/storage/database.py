@@ -248,6 +248,10 @@ def make_engine(url: str) -> Engine:
             connect_args={"check_same_thread": False, "timeout": BUSY_SLICE_SECONDS},
             pool_size=8,
             max_overflow=-1,
+            # The most recently used connection first: the records cache lives per
+            # connection, and the listing cache above it keeps its JSON only while the very
+            # same record objects come back (FIFO would rotate through eight caches).
+            pool_use_lifo=True,
         )
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
