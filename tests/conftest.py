@@ -146,9 +146,15 @@ def make_app(base_dir: Path, tmp_path: Path) -> Iterator[Any]:
         config.update(overrides)
         app = create_app(config)
         prepare_test_app(app, test_user=test_user)
+        made.append(app)
         return app
 
+    made: list[Flask] = []
     yield factory
+    for app in made:  # no lease keeper or pooled connection outlives its test
+        services = app.extensions[EXTENSION_KEY]
+        services.conversions.stop_keeper()
+        services.engine.dispose()
 
 
 def prepare_test_app(app: Flask, *, test_user: bool = True) -> None:
