@@ -92,16 +92,7 @@ def start_previous(root: Path, config: Path) -> bu.Target:
     env = bu.server_env(target.data_dir, config)
     command = [str(REPO / ".venv" / "bin" / "gunicorn"), "--bind", f"{bu.HOST}:{target.port}"]
     command += PREVIOUS_RUN
-    with open(target.log, "wb") as log:
-        target.proc = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    target.launch(command, env)
     target.wait_ready(90)
     target.command = " ".join(command)
     return target

@@ -357,6 +357,19 @@ class Target:
         """Remove a measured thread's files (outside any timing) to keep the disk small."""
         shutil.rmtree(self.thread_dir(thread_id), ignore_errors=True)
 
+    def launch(self, command: list[str], env: dict[str, str]) -> None:
+        """Start the server in its own process group (so `stop` ends all of it), logging."""
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -410,16 +423,9 @@ def start_ours(root: Path, config: Path) -> Target:
     """`make run HOST=127.0.0.1 PORT=<free>` with the data dir in DEER_FLOW_HOME."""
     target = Target("ours", root / "ours", port=free_port(), log=root / "ours.log", skip_root=True)
     env = server_env(target.data_dir, config)
-    with open(target.log, "wb") as log:
-        target.proc = subprocess.Popen(
-            ["make", "--no-print-directory", "run", f"HOST={HOST}", f"PORT={target.port}"],
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    target.launch(
+        ["make", "--no-print-directory", "run", f"HOST={HOST}", f"PORT={target.port}"], env
+    )
     first_use = not (REPO / ".venv" / ".runtime").exists()
     target.wait_ready(600 if first_use else 90)
     target.command = " ".join(_cmdline(pid) for pid in process_tree(target.proc.pid)[1:2])
@@ -442,16 +448,7 @@ def start_naive(root: Path) -> Target:
         "--data-dir",
         str(target.data_dir),
     ]
-    with open(target.log, "wb") as log:
-        target.proc = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    target.launch(command, env)
     target.wait_ready(60)
     target.command = " ".join(command)
     return target
