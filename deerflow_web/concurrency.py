@@ -31,6 +31,11 @@ def _gevent_hub() -> Any | None:
     return gevent.get_hub()
 
 
+def on_event_loop() -> bool:
+    """Whether this process serves its connections as greenlets on gevent's loop."""
+    return _gevent_hub() is not None
+
+
 def off_loop(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Call `function` where it does not freeze the event loop; return or raise as it does.
 
@@ -61,7 +66,7 @@ def start_off_loop(function: Callable[..., T], /, *args: Any) -> Callable[[], T]
 
 def pause() -> None:
     """Let other greenlets run (a no-op under threads, which the interpreter switches)."""
-    if _gevent_hub() is not None:
+    if on_event_loop():
         import gevent
 
         gevent.sleep(0)

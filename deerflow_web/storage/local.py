@@ -22,6 +22,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import NamedTuple
 
+from deerflow_web.concurrency import on_event_loop
 from deerflow_web.concurrency import start_off_loop
 from deerflow_web.storage.paths import STAGING_PREFIX
 from deerflow_web.storage.paths import STAGING_SUFFIX
@@ -125,9 +126,10 @@ class StagingFile:
         lock), and the caller reads the next chunk meanwhile: one chunk is in flight at a
         time, so the bytes land in order. The chunk is copied first, because the caller
         reuses its buffer. An error of the write surfaces at the next `write` or `flush`.
+        Under threads the chunk is written in place: nothing to overlap, nothing to copy.
         """
         self.flush()
-        if len(data) >= OFF_LOOP_WRITE:
+        if len(data) >= OFF_LOOP_WRITE and on_event_loop():
             self._pending = start_off_loop(self._append, bytes(data))
         else:
             self._append(data)
