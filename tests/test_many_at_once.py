@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -250,7 +251,7 @@ GEVENT_SCRIPT = textwrap.dedent(
     monkey.patch_all()
     import contextvars, json, sys, threading, time
     import gevent
-    from deerflow_web.concurrency import off_loop, pause
+    from deerflow_web.concurrency import off_loop
 
     ticks = []
     def ticker():
@@ -299,6 +300,60 @@ def test_off_loop_keeps_gevents_loop_running() -> None:
     assert outcome["context"] == "caller"
     assert outcome["frozen"] <= 1  # in place, no other greenlet ran
     assert outcome["during"] >= 5  # off the loop, the ticker kept ticking
+
+
+TURN_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, time
+    import gevent
+    from deerflow_web.concurrency import Turn
+
+    ticks = []
+    def ticker():  # counts the times the streaming greenlet lets others run
+        while True:
+            ticks.append(time.monotonic())
+            gevent.sleep(0)
+
+    def stream(turn, seconds):
+        \"\"\"A transfer whose reads never wait: only `step_aside` lets others run.\"\"\"
+        before = len(ticks)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sum(range(200))  # one chunk's work
+            turn.step_aside()
+        return len(ticks) - before
+
+    gevent.spawn(ticker)
+    gevent.sleep(0.01)
+    print(json.dumps({"sliced": stream(Turn(0.005), 0.3), "long_turn": stream(Turn(10.0), 0.3)}))
+    """
+)
+
+
+def test_a_streaming_greenlet_steps_aside_once_per_turn() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", TURN_SCRIPT], capture_output=True, text=True, check=True
+    )
+    import json
+
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    # 0.3 s in turns of 5 ms: about 60 yields (fewer on a busy machine), where a yield
+    # per chunk would have been thousands...
+    assert 10 <= outcome["sliced"] <= 120
+    # ...and a turn longer than the transfer never lets it run at all.
+    assert outcome["long_turn"] == 0
+
+
+def test_turn_never_sleeps_without_gevent() -> None:
+    from deerflow_web.concurrency import Turn
+
+    turn = Turn(0.0)
+    start = time.perf_counter()
+    for _ in range(10_000):
+        turn.step_aside()
+    assert time.perf_counter() - start < 1.0  # nothing but a clock read each time
 
 
 SENDFILE_SCRIPT = textwrap.dedent(

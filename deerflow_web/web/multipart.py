@@ -25,7 +25,7 @@ from werkzeug.datastructures import Headers
 from werkzeug.http import parse_options_header
 from werkzeug.wrappers import Request
 
-from deerflow_web.concurrency import pause
+from deerflow_web.concurrency import Turn
 from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import MissingFilesField
 from deerflow_web.errors import TotalTooLarge
@@ -127,6 +127,7 @@ class BodyReader:
         self._delimiter = b"\r\n--" + boundary
         self._chunk = bytearray(SMALL_READ_SIZE)
         self._wants_large = False
+        self._turn = Turn()
         # The body may start with the delimiter itself; a virtual CRLF makes that uniform.
         self._buffer: bytes | bytearray = b"\r\n"
         self._position = 0
@@ -154,7 +155,7 @@ class BodyReader:
         self.bytes_read += count
         if self._max_length is not None and self.bytes_read > self._max_length:
             raise TotalTooLarge()
-        pause()  # a fast client never makes a read wait: step aside once per chunk
+        self._turn.step_aside()  # a fast client never makes a read wait
         return count
 
     def _rest(self) -> bytes | bytearray:

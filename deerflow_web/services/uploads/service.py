@@ -223,19 +223,13 @@ class _UploadBatch:
                 raise FileTooLarge(item.name)
             if self.total > self.limits.max_total_size:
                 raise TotalTooLarge()
-            self._store(incoming, item, lambda: staging.write(chunk))
-        self._store(incoming, item, staging.flush)
+            try:
+                staging.write(chunk)
+            except OSError as error:
+                if is_disk_full(error):
+                    raise InsufficientStorage(item.name) from error
+                raise StorageFailure(f"Failed to upload {incoming.filename}: {error}") from error
         item.sha256, item.content_type = staging.finish(item.name)
-
-    @staticmethod
-    def _store(incoming: IncomingFile, item: _Staged, write: Callable[[], None]) -> None:
-        """Run one write of the staging file, its OS error told as the upload's failure."""
-        try:
-            write()
-        except OSError as error:
-            if is_disk_full(error):
-                raise InsufficientStorage(item.name) from error
-            raise StorageFailure(f"Failed to upload {incoming.filename}: {error}") from error
 
     def _ensure_folder(self) -> None:
         if not self._created_dirs:  # created without following a link planted on the way
