@@ -169,13 +169,18 @@ def prepare_slow(target: bu.Target) -> None:
 # --- no regression ---------------------------------------------------------------------
 
 
-def upload_big(target: bu.Target, sizes: Sizes, round_no: int) -> float:
+def upload_big(target: bu.Target, sizes: Sizes, round_no: int) -> tuple[float, float]:
+    """MiB/s of one large upload, and the server's CPU seconds per GiB for it.
+
+    The CPU figure is the steadier one on a shared machine: a neighbour's burst stretches
+    the wall time, not the work the server did.
+    """
     thread = f"big-{round_no}"
     subprocess.run(["sync"], check=False)
-    with bu.measured(None) as sample:
+    with bu.measured(target.pids()) as sample:
         bu.post_files(target.port, thread, [("big.bin", sizes.big)])
     target.drop_thread(thread)
-    return sizes.big / MiB / sample.wall
+    return sizes.big / MiB / sample.wall, sample.server_cpu * GiB / sizes.big
 
 
 def download_medium(target: bu.Target, sizes: Sizes) -> float:
@@ -321,10 +326,13 @@ def run(args: argparse.Namespace) -> int:
             speeds: dict[str, dict[str, list[float]]] = {
                 name: {"new": [], "gthread": []} for name in ("big", "download", "concurrent")
             }
+            big_cpu: dict[str, list[float]] = {"new": [], "gthread": []}
             for round_no in range(rounds):
                 order = [new, old] if round_no % 2 == 0 else [old, new]
                 for target in order:
-                    speeds["big"][target.name].append(upload_big(target, sizes, round_no))
+                    speed, cpu = upload_big(target, sizes, round_no)
+                    speeds["big"][target.name].append(speed)
+                    big_cpu[target.name].append(cpu)
                 for target in order:
                     speeds["download"][target.name].append(download_medium(target, sizes))
                 for target in order:
@@ -347,7 +355,12 @@ def run(args: argparse.Namespace) -> int:
                     f"[{', '.join(f'{r:.2f}' for r in ratios)}]"
                 )
                 checks.append((f"{labels[name]}: new/gthread {ratio:.2f} >= 1.0", ratio >= 1.0))
+            print(
+                f"  {labels['big']} server CPU-s/GiB: new {med(big_cpu['new']):.2f}  gthread "
+                f"{med(big_cpu['gthread']):.2f}"
+            )
             results["speeds"] = speeds
+            results["big_upload_cpu_per_gib"] = big_cpu
 
         if "lists" in args.only:
             # 3. lists at scale
