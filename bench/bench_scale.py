@@ -76,7 +76,7 @@ PREVIOUS_RUN = [  # `make run` before the gevent worker, for the same-round rati
 class Sizes:
     big: int = GiB
     medium: int = 100 * MiB
-    medium_downloads: int = 3
+    medium_downloads: int = 10  # per round: one 100 MiB download lasts only ~30 ms
     concurrent: int = 10 * MiB
     concurrent_clients: int = 8
     slow_clients: int = SLOW_CLIENTS
@@ -185,7 +185,8 @@ def upload_big(target: bu.Target, sizes: Sizes, round_no: int) -> tuple[float, f
 
 def download_medium(target: bu.Target, sizes: Sizes) -> float:
     start = time.perf_counter()
-    total = sum(bu.download(target.port, "medium", "medium.bin") for _ in range(3))
+    count = sizes.medium_downloads
+    total = sum(bu.download(target.port, "medium", "medium.bin") for _ in range(count))
     return total / MiB / (time.perf_counter() - start)
 
 
@@ -341,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
                     )
             labels = {
                 "big": f"upload 1 x {sizes.big // MiB} MiB",
-                "download": f"download {sizes.medium // MiB} MiB (x3)",
+                "download": f"download {sizes.medium // MiB} MiB (x{sizes.medium_downloads})",
                 "concurrent": (
                     f"{sizes.concurrent_clients} concurrent x {sizes.concurrent // MiB} MiB"
                 ),
