@@ -395,6 +395,111 @@ def test_the_workers_sockets_send_files_with_the_kernels_sendfile() -> None:
     assert result.stdout.split() == ["True", "True", "True", "True"]
 
 
+EAGER_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, os, socket, tempfile, time, gevent
+    import deerflow_web.web.server as server
+
+    calls = []  # each sendfile call: (when, bytes sent or -1 for a full socket)
+    real = os.sendfile
+    def spy(*args):
+        try:
+            done = real(*args)
+        except BlockingIOError:
+            calls.append((time.monotonic(), -1))
+            raise
+        calls.append((time.monotonic(), done))
+        return done
+    server.os.sendfile = spy
+    waits = []  # each wait on the loop for room in the socket
+    loop_wait = server._SendfileSocket._wait
+    def counted_wait(self, *args, **kwargs):
+        waits.append(time.monotonic())
+        return loop_wait(self, *args, **kwargs)
+    server._SendfileSocket._wait = counted_wait
+
+    data = os.urandom(20_000_000)
+    handle = tempfile.TemporaryFile()
+    handle.write(data)
+    handle.flush()
+
+    def serve(reader, timeout=None):
+        \"\"\"Send the file to `reader(receiving socket)`; the sendfile calls and outcome.\"\"\"
+        calls.clear()
+        waits.clear()
+        sender, receiver = socket.socketpair()
+        sender.__class__ = server._SendfileSocket
+        sender.settimeout(timeout)
+        task = gevent.spawn(reader, receiver)
+        try:
+            sender.sendfile(handle, 0, len(data))
+            outcome = "sent"
+        except TimeoutError:
+            outcome = "timed out"
+        ended = time.monotonic()
+        sender.close()
+        got = task.get()
+        receiver.close()
+        return [done for _, done in calls], outcome, got, [when for when, _ in calls], ended
+
+    def read_all(receiver):
+        return b"".join(iter(lambda: receiver.recv(1 << 20), b""))
+
+    def stall_first(receiver):
+        gevent.sleep(0.5)
+        return read_all(receiver)
+
+    stalled = []
+    def stall_midway(receiver):
+        head = b""
+        while len(head) < 5_000_000:
+            head += receiver.recv(1 << 20)
+        stalled.append(time.monotonic())
+        gevent.sleep(1.0)
+        return head
+
+    fast, fast_outcome, fast_got, _, _ = serve(read_all)
+    waits_of_fast = list(waits)
+    slow, slow_outcome, slow_got, _, _ = serve(stall_first)
+    _, midway_outcome, _, times, ended = serve(stall_midway, timeout=0.3)
+    print(json.dumps({
+        "fast_intact": fast_got == data and fast_outcome == "sent",
+        "fast_full": fast.count(-1),
+        "fast_waits": len(waits_of_fast),
+        "slow_intact": slow_got == data and slow_outcome == "sent",
+        "slow_calls_while_stalled": slow.index(next(c for c in slow[2:] if c > 0), 2),
+        "midway": midway_outcome,
+        "midway_calls_while_stalled": sum(1 for when in times if when > stalled[0]),
+        "midway_seconds_to_drop": ended - stalled[0],
+    }))
+    """
+)
+
+
+def test_a_fast_readers_download_is_refilled_eagerly_and_a_slow_one_waits() -> None:
+    """A reader that drains its buffer at once gets the next bytes after a turn of the loop;
+    one that stalls costs no calls while it stalls, and the idle timeout still applies."""
+    result = subprocess.run(
+        [sys.executable, "-c", EAGER_SCRIPT], capture_output=True, text=True, check=True
+    )
+    import json
+
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["fast_intact"] and outcome["slow_intact"]
+    # full more often than it waited: it retried after a turn of the loop instead
+    assert outcome["fast_full"] > 4 * outcome["fast_waits"]
+    # a reader stalled from the start: one full call, then a wait on the loop, no spinning
+    assert outcome["slow_calls_while_stalled"] <= 3
+    # fast, then stalled: a bounded number of retries, then the idle timeout drops it
+    from deerflow_web.web.server import EAGER_TURNS
+
+    assert outcome["midway"] == "timed out"
+    assert outcome["midway_calls_while_stalled"] <= EAGER_TURNS + 4
+    assert 0.3 <= outcome["midway_seconds_to_drop"] < 0.9
+
+
 LOCK_SCRIPT = textwrap.dedent(
     """
     from gevent import monkey

@@ -11,7 +11,11 @@ this subclass puts them back:
   a full socket buffer) and copy downloads through Python in 8 KiB pieces, at less than
   half the speed. `_SendfileSocket` calls `os.sendfile` on the non-blocking socket and
   waits for it to drain through gevent's loop, so a download is copied by the kernel and
-  a reader that stops reading only parks its own greenlet.
+  a reader that stops reading only parks its own greenlet. For a reader that drains its
+  buffer at once, waiting until the kernel reports room (a third of the buffer free) let
+  the buffer run low between refills: it made 40% more reads and got 0.90x gthread's
+  speed. Such a reader's download retries after each turn of the loop instead, as a
+  blocking sendfile would, and waits again once the reader falls behind.
 - **an idle timeout.** Every connection gets `server.idle_timeout_seconds` as its socket
   timeout: an upload that stops sending, a download nobody reads and a request whose
   headers never end are all dropped once nothing moved for that long. (Headers also stay
@@ -27,7 +31,9 @@ whether it runs in greenlets and moves CPU-bound work off the event loop then.
 from __future__ import annotations
 
 import os
+import time
 
+import gevent
 from gevent import socket as gevent_socket
 from gevent.server import StreamServer
 from gunicorn.workers import ggevent
@@ -36,6 +42,11 @@ from gunicorn.workers.ggevent import GeventWorker
 from deerflow_web.settings import Settings
 
 SENDFILE_MAX = 16 * 1024 * 1024  # per call: the kernel stops at a full socket buffer anyway
+# A reader that frees room this soon after its buffer filled reads at local speed (one at
+# 100 KB/s takes seconds); its download retries for this many turns of the loop before it
+# waits for room again.
+FAST_DRAIN_SECONDS = 0.005
+EAGER_TURNS = 64
 ACCEPT_BATCH = 64  # connections taken from the listen queue per turn of the event loop
 
 
@@ -50,14 +61,24 @@ class _SendfileSocket(gevent_socket.socket):
         sock_fd = self.fileno()
         file_fd = file.fileno()
         sent = 0
+        eager = False  # the reader drains at local speed: retry instead of waiting for room
+        turns = 0
         try:
             while count is None or sent < count:
                 wanted = SENDFILE_MAX if count is None else min(count - sent, SENDFILE_MAX)
                 try:
                     done = os.sendfile(sock_fd, file_fd, offset + sent, wanted)
                 except BlockingIOError:
+                    if eager and turns < EAGER_TURNS:
+                        turns += 1
+                        gevent.sleep(0)  # one turn of the loop, then try again
+                        continue
+                    started = time.monotonic()
                     self._wait(self._write_event)  # raises TimeoutError after the idle timeout
+                    eager = time.monotonic() - started < FAST_DRAIN_SECONDS
+                    turns = 0
                     continue
+                turns = 0
                 if done == 0:
                     break  # end of file
                 sent += done
