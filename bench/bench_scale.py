@@ -398,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
                     f"pairs [{', '.join(f'{r:.2f}' for r in pairs)}] "
                     f"rounds [{', '.join(f'{r:.2f}' for r in ratios)}]"
                 )
-                checks.append((f"{labels[name]}: new/gthread {ratio:.2f} >= 1.0", ratio >= 1.0))
+                checks.append((f"{labels[name]}: new/gthread {ratio:.3f} >= 1.0", ratio >= 1.0))
             print(
                 f"  {labels['big']} server CPU-s/GiB: new {med(big_cpu['new']):.2f}  gthread "
                 f"{med(big_cpu['gthread']):.2f}"
