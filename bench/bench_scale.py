@@ -1,6 +1,6 @@
 """Many people at once: slow clients, no regression, lists at scale (see bench/README.md).
 
-    .venv/bin/python bench/bench_scale.py [--rounds 3] [--quick] [--compare-slow]
+    .venv/bin/python bench/bench_scale.py [--rounds 10] [--quick] [--compare-slow]
 
 Targets, all started by this script on free loopback ports with their own data dirs:
 
@@ -299,7 +299,7 @@ def paired(ratios: list[float]) -> list[float]:
 
 def run(args: argparse.Namespace) -> int:
     sizes = QUICK if args.quick else Sizes()
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 10)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     root = bu.pick_root(args.data_root)
@@ -472,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Many clients at once (see bench/README.md).")
-    parser.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="default 10 (--quick: 1)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, 100 slow clients")
     parser.add_argument("--compare-slow", action="store_true", help="slow clients on gthread too")
     parser.add_argument("--data-root", type=Path, help="parent of the temporary data dir")
