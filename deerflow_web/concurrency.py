@@ -54,7 +54,7 @@ class Turn:
 
     A fast client never makes a read wait, so its upload would otherwise hold the loop
     until the body ends. Stepping aside after every chunk cost 3% of a 1 GiB upload's
-    speed (a turn of the loop per megabyte); once per 5 ms costs about a quarter of that,
+    speed (a turn of the loop per megabyte); once per 5 ms gives two thirds of that back,
     and a request arriving meanwhile waits at most those 5 ms for each such upload.
     Under threads `step_aside` does nothing: the interpreter switches them.
     """

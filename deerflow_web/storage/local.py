@@ -116,8 +116,8 @@ class StagingFile:
 
         Done in place, also on gevent's loop: handing large chunks to a native thread to
         overlap hashing with the next read cost more (a copy, the hand-off, the interpreter
-        lock changing hands) than it saved, 0.9x on both a lone 1 GiB upload and eight
-        concurrent ones (bench/README.md).
+        lock changing hands) than it saved, 0.90-0.95x on a lone 1 GiB upload and on eight
+        concurrent ones, unless the machine had a core to spare (bench/README.md).
         """
         view = memoryview(data)
         while view:
