@@ -3,6 +3,7 @@ buffers and CPU-bound work moved off gevent's loop (speed is measured in bench/)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -245,6 +246,15 @@ def test_off_loop_runs_in_place_without_gevent() -> None:
         off_loop(lambda: 1 / 0)
 
 
+def script_outcome(script: str, *args: str) -> dict[str, Any]:
+    """Run `script` in a fresh interpreter (gevent patches a whole process) and return the
+    JSON object its last output line holds."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, check=True
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 GEVENT_SCRIPT = textwrap.dedent(
     """
     from gevent import monkey
@@ -290,12 +300,7 @@ GEVENT_SCRIPT = textwrap.dedent(
 
 
 def test_off_loop_keeps_gevents_loop_running() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", GEVENT_SCRIPT], capture_output=True, text=True, check=True
-    )
-    import json
-
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = script_outcome(GEVENT_SCRIPT)
     assert outcome["other_thread"] and outcome["raised"]
     assert outcome["context"] == "caller"
     assert outcome["frozen"] <= 1  # in place, no other greenlet ran
@@ -333,12 +338,7 @@ TURN_SCRIPT = textwrap.dedent(
 
 
 def test_a_streaming_greenlet_steps_aside_once_per_turn() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", TURN_SCRIPT], capture_output=True, text=True, check=True
-    )
-    import json
-
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = script_outcome(TURN_SCRIPT)
     # 0.3 s in turns of 5 ms: about 60 yields (fewer on a busy machine), where a yield
     # per chunk would have been thousands...
     assert 10 <= outcome["sliced"] <= 120
@@ -481,12 +481,7 @@ EAGER_SCRIPT = textwrap.dedent(
 def test_a_fast_readers_download_is_refilled_eagerly_and_a_slow_one_waits() -> None:
     """A reader that drains its buffer at once gets the next bytes after a turn of the loop;
     one that stalls costs no calls while it stalls, and the idle timeout still applies."""
-    result = subprocess.run(
-        [sys.executable, "-c", EAGER_SCRIPT], capture_output=True, text=True, check=True
-    )
-    import json
-
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = script_outcome(EAGER_SCRIPT)
     assert outcome["fast_intact"] and outcome["slow_intact"]
     # full more often than it waited: it retried after a turn of the loop instead
     assert outcome["fast_full"] > 4 * outcome["fast_waits"]
@@ -535,15 +530,7 @@ LOCK_SCRIPT = textwrap.dedent(
 
 def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path: Path) -> None:
     """SQLite's busy handler would sleep in C and freeze every greenlet of the process."""
-    result = subprocess.run(
-        [sys.executable, "-c", LOCK_SCRIPT, str(tmp_path / "deerflow.sqlite3")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    import json
-
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = script_outcome(LOCK_SCRIPT, str(tmp_path / "deerflow.sqlite3"))
     assert outcome["waited"] > 0.3  # it did wait for the other process
     assert outcome["ticks"] >= 10  # and the other greenlet ran meanwhile
 
@@ -576,15 +563,7 @@ PG_WAIT_SCRIPT = textwrap.dedent(
 
 def test_waiting_for_postgresql_keeps_the_loop_running(tmp_path: Path, postgres_url: str) -> None:
     """psycopg waits for the server through gevent's loop, not inside libpq."""
-    result = subprocess.run(
-        [sys.executable, "-c", PG_WAIT_SCRIPT, postgres_url, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    import json
-
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = script_outcome(PG_WAIT_SCRIPT, postgres_url, str(tmp_path))
     assert outcome["waited"] >= 0.5
     assert outcome["ticks"] >= 20  # the other greenlet ran while the query waited
 
