@@ -5,8 +5,9 @@ Under `make run` every connection of a worker process is a greenlet on one event
 of its process for that second. `off_loop` runs such work (a model-written regex over
 200 MB, Markdown rendering, hashing a large file found on disk) in gevent's pool of real
 threads, where the interpreter's thread switching shares the CPU with the loop; a `Turn`
-lets a long transfer step aside between chunks. Under threads (the test client, any other
-WSGI server) both do nothing special. Plain Python: usable from every layer, and gevent is
+lets a long transfer step aside between chunks; `start_beside` lets a lone large upload
+hash on the core the loop leaves idle. Under threads (the test client, any other WSGI
+server) all three do nothing special. Plain Python: usable from every layer, and gevent is
 only looked at when the process has already loaded and patched it.
 """
 
@@ -32,6 +33,11 @@ def _gevent_hub() -> Any | None:
     return gevent.get_hub()
 
 
+def on_event_loop() -> bool:
+    """Whether this process serves its connections as greenlets on gevent's loop."""
+    return _gevent_hub() is not None
+
+
 def off_loop(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Call `function` where it does not freeze the event loop; return or raise as it does.
 
@@ -43,6 +49,20 @@ def off_loop(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         return function(*args, **kwargs)
     context = contextvars.copy_context()
     return hub.threadpool.apply(context.run, (function, *args), kwargs)
+
+
+def start_beside(function: Callable[..., T], /, *args: Any) -> Callable[[], T]:
+    """Start `function(*args)` on a native thread; return the wait for its result.
+
+    For work that releases the interpreter lock (hashing a large buffer) and can overlap
+    what the caller does next: the caller goes on and waits only when it needs the result.
+    Off gevent's loop it runs now, and the wait returns at once.
+    """
+    hub = _gevent_hub()
+    if hub is None:
+        result = function(*args)
+        return lambda: result
+    return hub.threadpool.spawn(function, *args).get
 
 
 TURN_SECONDS = 0.005

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,12 +72,22 @@ ACTIVE_CONVERSION_STATES: frozenset[ConversionState] = frozenset(
 )
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class IncomingFile:
-    """One file of a request: the client's name and a readable binary stream."""
+    """One file of a request: the client's name and a readable binary stream.
+
+    A piece read from `stream` may change at the next read. While `piece_outlives_next_read()`
+    is true, the piece read last stays unchanged until the read after the next one, so work
+    on it (hashing) may overlap the next read.
+    """
 
     filename: str
     stream: BinaryIO
+    piece_outlives_next_read: Callable[[], bool] = _never
 
 
 def suffix_of(name: str) -> str:

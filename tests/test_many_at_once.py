@@ -3,13 +3,17 @@ buffers and CPU-bound work moved off gevent's loop (speed is measured in bench/)
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +22,19 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from deerflow_web.concurrency import off_loop
+from deerflow_web.concurrency import start_beside
+from deerflow_web.models import IncomingFile
+from deerflow_web.models import UploadLimits
 from deerflow_web.services.uploads import service as uploads_module
+from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import load_settings
+from deerflow_web.storage import local
+from deerflow_web.storage.migrate import open_database
+from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.records import DatabaseUploadRecords
+from deerflow_web.web import multipart
 from deerflow_web.web.multipart import LargeBuffers
+from deerflow_web.web.multipart import MultipartReader
 from tests.conftest import UploadActions
 from tests.conftest import uploads_dir
 
@@ -233,6 +247,160 @@ def test_large_buffers_are_bounded_and_come_back_with_their_buffer() -> None:
     assert pool.free == 1
     del second
     assert pool.free == 2
+
+
+# --- a lone fast upload hashes beside the loop ----------------------------------------
+
+
+class FastBody:
+    """A request body from a client that keeps up: every read is filled."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data)
+
+    def readinto(self, buffer: memoryview) -> int:
+        count = min(len(buffer), len(self._data))
+        buffer[:count] = self._data[:count]
+        self._data = self._data[count:]
+        return count
+
+
+BOUNDARY = b"lone-fast-upload"
+
+
+def multipart_body(files: dict[str, bytes]) -> bytes:
+    body = b""
+    for name, data in files.items():
+        body += b"--" + BOUNDARY + b'\r\nContent-Disposition: form-data; name="files"; '
+        body += f'filename="{name}"\r\n\r\n'.encode() + data + b"\r\n"
+    return body + b"--" + BOUNDARY + b"--\r\n"
+
+
+@pytest.fixture
+def own_buffers(monkeypatch: pytest.MonkeyPatch) -> LargeBuffers:
+    """A fresh pool of megabyte buffers, and a process that looks like gevent's loop."""
+    pool = LargeBuffers(16)
+    monkeypatch.setattr(multipart, "large_buffers", pool)
+    monkeypatch.setattr(multipart, "on_event_loop", lambda: True)
+    return pool
+
+
+def test_a_lone_fast_uploads_chunks_stay_intact_until_their_hash_is_waited_for(
+    base_dir: Path, own_buffers: LargeBuffers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each hash handed beside runs as late as it may (when the next write or the finish
+    waits for it): the reader must not have read into its chunk by then."""
+    handed: list[int] = []
+
+    def as_late_as_possible(function: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+        handed.append(len(args[0]))
+        return lambda: function(*args)
+
+    monkeypatch.setattr(local, "start_beside", as_late_as_possible)
+    rng = random.Random(7)
+    files = {
+        "a.bin": rng.randbytes(3 * 1024 * 1024 + 5),
+        "b.bin": rng.randbytes(1024 * 1024 + 17),
+        "c.bin": rng.randbytes(300 * 1024),
+    }
+    limits = UploadLimits(max_files=10, max_file_size=8 * 1024 * 1024, max_total_size=1 << 30)
+    paths = ThreadPaths(base_dir)
+    service = UploadService(paths, DatabaseUploadRecords(open_database(base_dir)), limits)
+    reader = MultipartReader(FastBody(multipart_body(files)), BOUNDARY)
+
+    service.save_uploads("T", reader)
+
+    assert len(handed) >= 4  # the test is about hashes that ran beside
+    records = {s.record.filename: s.record for s in service.records.all(paths.scope("T", None))}
+    assert {name: r.sha256 for name, r in records.items()} == {
+        name: hashlib.sha256(data).hexdigest() for name, data in files.items()
+    }
+    folder = uploads_dir(base_dir, "T", None)
+    assert {name: (folder / name).read_bytes() == data for name, data in files.items()} == {
+        "a.bin": True,
+        "b.bin": True,
+        "c.bin": True,
+    }
+
+
+def first_piece(incoming: IncomingFile) -> memoryview | bytes:
+    piece = incoming.stream.read()
+    while len(piece) < 256 * 1024:  # past the small first chunk
+        piece = incoming.stream.read()
+    return piece
+
+
+def test_a_second_fast_upload_takes_the_spare_buffer_back(own_buffers: LargeBuffers) -> None:
+    big = bytes(4 * 1024 * 1024)
+    first = next(iter(MultipartReader(FastBody(multipart_body({"a": big})), BOUNDARY)))
+    first_piece(first)
+    assert first.piece_outlives_next_read()
+    assert own_buffers.free == 14  # two buffers, read into in turn
+
+    second = next(iter(MultipartReader(FastBody(multipart_body({"b": big})), BOUNDARY)))
+    first_piece(second)
+    assert not second.piece_outlives_next_read()  # not alone: one buffer
+    assert own_buffers.free == 13
+
+    first.stream.read()  # the next read of the first upload lets its spare go
+    gc.collect()
+    assert not first.piece_outlives_next_read()
+    assert own_buffers.free == 14
+
+
+def test_under_threads_an_upload_reads_into_one_buffer(
+    own_buffers: LargeBuffers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(multipart, "on_event_loop", lambda: False)
+    incoming = next(
+        iter(MultipartReader(FastBody(multipart_body({"a": bytes(1 << 22)})), BOUNDARY))
+    )
+    first_piece(incoming)
+    assert not incoming.piece_outlives_next_read()
+    assert own_buffers.free == 15
+
+
+def test_start_beside_runs_on_a_native_thread_while_the_loop_goes_on() -> None:
+    outcome = script_outcome(
+        textwrap.dedent(
+            """
+            from gevent import monkey
+            monkey.patch_all()
+            import hashlib, json, threading
+            import gevent
+            from deerflow_web.concurrency import start_beside
+
+            ticks = []
+            def ticker():
+                while True:
+                    ticks.append(1)
+                    gevent.sleep(0.001)
+
+            gevent.spawn(ticker)
+            data = bytes(256 * 1024 * 1024)
+            def work():
+                return threading.get_ident(), hashlib.sha256(data).hexdigest()
+
+            wait = start_beside(work)
+            before = len(ticks)
+            ident, digest = wait()
+            print(json.dumps({
+                "elsewhere": ident != threading.get_ident(),
+                "right": digest == hashlib.sha256(data).hexdigest(),
+                "ticks_while_waiting": len(ticks) - before,
+            }))
+            """
+        )
+    )
+    assert outcome["elsewhere"] and outcome["right"]
+    assert outcome["ticks_while_waiting"] > 0
+
+
+def test_start_beside_runs_in_place_without_gevent() -> None:
+    import threading
+
+    wait = start_beside(threading.get_ident)
+    assert wait() == threading.get_ident()
 
 
 # --- CPU-bound work and gevent -------------------------------------------------------

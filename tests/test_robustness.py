@@ -73,8 +73,8 @@ def test_disk_full_mid_write(
     uploads.upload("T", (b"old bytes", "a.txt"))
     real_write = StagingFile.write
 
-    def full_disk(self: StagingFile, data: bytes) -> None:
-        real_write(self, data[:1])
+    def full_disk(self: StagingFile, data: bytes, **options: Any) -> None:
+        real_write(self, data[:1], **options)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(StagingFile, "write", full_disk)
@@ -91,7 +91,7 @@ def test_disk_full_mid_write(
 def test_io_error_mid_write_is_a_500_naming_the_file(
     uploads: UploadActions, base_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: StagingFile, data: bytes) -> None:
+    def broken(self: StagingFile, data: bytes, **options: Any) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(StagingFile, "write", broken)

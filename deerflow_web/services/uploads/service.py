@@ -224,7 +224,7 @@ class _UploadBatch:
             if self.total > self.limits.max_total_size:
                 raise TotalTooLarge()
             try:
-                staging.write(chunk)
+                staging.write(chunk, hash_beside=incoming.piece_outlives_next_read())
             except OSError as error:
                 if is_disk_full(error):
                     raise InsufficientStorage(item.name) from error
