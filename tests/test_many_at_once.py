@@ -524,6 +524,52 @@ def test_turn_never_sleeps_without_gevent() -> None:
     assert time.perf_counter() - start < 1.0  # nothing but a clock read each time
 
 
+ACCEPT_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, socket, gevent
+    from gevent.pool import Pool
+    import deerflow_web.web.server as server
+
+    def accepts_per_turn(busy):
+        listener = socket.create_server(("127.0.0.1", 0))
+        pool = Pool(1000)
+        for _ in range(busy):
+            pool.spawn(gevent.sleep, 60)  # connections already open on this worker
+        turns, handled = [], []
+        class Counting(server._AcceptingServer):
+            def _do_read(self):  # one turn of the loop: accept what it may
+                before = len(handled)
+                super()._do_read()
+                turns.append(len(handled) - before)
+            def do_handle(self, *args):  # one connection accepted
+                handled.append(args)
+                super().do_handle(*args)
+        accepting = Counting(listener, handle=lambda s, a: None, spawn=pool)
+        accepting.max_accept = 1  # what gunicorn sets with several workers
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(8)]
+        accepting.start()
+        while len(handled) < 8:
+            gevent.sleep(0.01)
+        accepting.stop()
+        pool.kill()
+        return turns
+
+    print(json.dumps({"quiet": accepts_per_turn(0),
+                      "busy": accepts_per_turn(server.BUSY_CONNECTIONS)}))
+    """
+)
+
+
+def test_a_quiet_worker_accepts_one_connection_per_turn_a_busy_one_a_batch() -> None:
+    """One per turn spreads a burst between the workers (the other wakes too and takes its
+    share); once hundreds of connections make a turn long, new ones come in a batch."""
+    outcome = script_outcome(ACCEPT_SCRIPT)
+    assert outcome["quiet"] == [1] * 8
+    assert outcome["busy"] == [8]
+
+
 SENDFILE_SCRIPT = textwrap.dedent(
     """
     from gevent import monkey

@@ -21,8 +21,8 @@ this subclass puts them back:
   headers never end are all dropped once nothing moved for that long. (Headers also stay
   under gunicorn's `--keep-alive` limit, which applies to the first request as well.)
 - **prompt accepts.** gunicorn accepts one connection per turn of the loop when several
-  workers share the socket; `_AcceptingServer` takes a batch, so a new client does not
-  queue behind a burst of slow ones.
+  workers share the socket; `_AcceptingServer` takes a batch once the loop is busy, so a
+  new client does not queue behind a burst of slow ones.
 
 The app itself never imports gevent; `deerflow_web.concurrency` finds out at run time
 whether it runs in greenlets and moves CPU-bound work off the event loop then.
@@ -47,7 +47,8 @@ SENDFILE_MAX = 16 * 1024 * 1024  # per call: the kernel stops at a full socket b
 # waits for room again.
 FAST_DRAIN_SECONDS = 0.005
 EAGER_TURNS = 64
-ACCEPT_BATCH = 64  # connections taken from the listen queue per turn of the event loop
+ACCEPT_BATCH = 64  # connections taken from the listen queue per turn of a busy loop
+BUSY_CONNECTIONS = 32  # from this many open connections on, a worker's loop counts as busy
 
 
 class _SendfileSocket(gevent_socket.socket):
@@ -89,17 +90,20 @@ class _SendfileSocket(gevent_socket.socket):
 
 
 class _AcceptingServer(StreamServer):
-    """gevent's server, accepting a batch of waiting connections per turn of the loop.
+    """gevent's server, accepting a batch of waiting connections per turn of a busy loop.
 
     gunicorn sets `max_accept = 1` when there are several workers, to spread connections
     between them. With hundreds of busy connections one turn of the loop takes tens of
     milliseconds, so one accept per turn left new clients (a fast list request among them)
-    in the listen queue for seconds behind a burst of slow uploads.
+    in the listen queue for seconds behind a burst of slow uploads. A quiet loop still
+    takes one per turn: a batch there let the first worker to wake take a whole burst of
+    eight fast uploads (CPU 16:5 between the workers), leaving a core idle.
     """
 
     @property
     def max_accept(self) -> int:
-        return ACCEPT_BATCH
+        busy = self.pool is not None and len(self.pool) >= BUSY_CONNECTIONS
+        return ACCEPT_BATCH if busy else 1
 
     @max_accept.setter
     def max_accept(self, value: int) -> None:
