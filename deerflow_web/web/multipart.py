@@ -185,7 +185,7 @@ class BodyReader:
         if on_event_loop() and large_buffers.free == large_buffers.count - 1:
             self._spare = large_buffers.take()
 
-    def keeps_last_piece(self) -> bool:
+    def piece_outlives_next_read(self) -> bool:
         """Whether the piece handed out last stays unchanged until the one after it has
         been handed out too.
 
@@ -235,13 +235,14 @@ class BodyReader:
         while True:
             buffer, position, end = self._buffer, self._position, self._end
             at = buffer.find(self._delimiter, position, end)
-            self._lent = True
             if at >= 0:
                 self._position = at + len(self._delimiter)
+                self._lent = True  # (also when `buffer` is a joined copy: harmless)
                 return memoryview(buffer)[position:at], True
             safe = end - keep  # the last bytes might begin a delimiter
             if safe > position:
                 self._position = safe
+                self._lent = True
                 return memoryview(buffer)[position:safe], False
             if (piece := self._cross_seam()) is not None:
                 return piece
@@ -342,7 +343,7 @@ class MultipartReader:
             part = _PartStream(self._body)
             if name == self._file_field and filename is not None:
                 seen_files = True
-                yield IncomingFile(filename, part, self._body.keeps_last_piece)
+                yield IncomingFile(filename, part, self._body.piece_outlives_next_read)
             elif name:
                 if seen_files and name in self._leading_fields:
                     # The files before it are stored already, under the rule it would change.
