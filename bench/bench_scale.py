@@ -136,15 +136,18 @@ def slow_scenario(target: bu.Target, mode: str, sizes: Sizes, cap: float) -> dic
         str(cap),
     ]
     latencies: list[float] = []
+    at: list[float] = []  # when each probe started, seconds after the clients
     errors = 0
     with bu.measured(target.pids()) as sample:
         load = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        launched = time.perf_counter()
         time.sleep(1.5)  # let the clients connect first
         while load.poll() is None:
             started = time.perf_counter()
             try:
                 bu.list_uploads(target.port, "probe", parse=False)
                 latencies.append((time.perf_counter() - started) * 1000)
+                at.append(started - launched)
             except (OSError, bu.BenchError):
                 errors += 1
             time.sleep(PROBE_INTERVAL)
@@ -155,6 +158,7 @@ def slow_scenario(target: bu.Target, mode: str, sizes: Sizes, cap: float) -> dic
         p50=statistics.median(latencies) if latencies else float("nan"),
         p99=percentile(latencies, 0.99) if latencies else float("nan"),
         max=max(latencies) if latencies else float("nan"),
+        slowest=sorted(zip(latencies, at, strict=True), reverse=True)[:3],  # (ms, s in)
         peak_rss=sample.peak_rss,
         idle_rss=sample.idle_rss,
     )
@@ -340,7 +344,8 @@ def run(args: argparse.Namespace) -> int:
                         f"{outcome['p99']:.1f} ms, max {outcome['max']:.1f} ms, errors "
                         f"{outcome['probe_errors']}; server RSS peak "
                         f"{outcome['peak_rss'] / MiB:.0f} MiB "
-                        f"(idle {outcome['idle_rss'] / MiB:.0f})"
+                        f"(idle {outcome['idle_rss'] / MiB:.0f}); slowest probes "
+                        + ", ".join(f"{ms:.0f} ms at {t:.1f} s" for ms, t in outcome["slowest"])
                     )
                     if target is new:
                         everyone = outcome["ok"] == outcome["clients"]
