@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy import text
 
 from deerflow_web.services.accounts.service import AccountService
+from deerflow_web.storage import database
 from deerflow_web.storage.chat_turns import DatabasePreviewHistory
 from deerflow_web.storage.database import metadata
 from deerflow_web.storage.database import uploads
@@ -313,3 +314,29 @@ def test_accounts_live_in_postgresql_too(postgres_app) -> None:
     assert services.accounts.find_by_email(TEST_EMAIL).id == USER_ID
     assert services.uploads.records.engine.dialect.name == "postgresql"
     assert _list(postgres_app.test_client()) == 200
+
+
+def test_a_writer_waits_for_its_turn_in_the_process_no_longer_than_sqlite_would(
+    base_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = open_database(base_dir)
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_SECONDS", 0.2)
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with database.write_transaction(engine):
+            inside.set()
+            leave.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            with database.write_transaction(engine):
+                pass
+    finally:
+        leave.set()
+        holder.join()
+    with database.write_transaction(engine) as conn:  # the turn came back with the holder
+        conn.execute(text("SELECT 1"))

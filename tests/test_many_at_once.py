@@ -749,6 +749,57 @@ def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path
     assert outcome["ticks"] >= 10  # and the other greenlet ran meanwhile
 
 
+QUEUE_SCRIPT = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, subprocess, sys, time
+    import gevent
+    from pathlib import Path
+    from deerflow_web.storage import database
+    from deerflow_web.storage.migrate import open_database
+    from deerflow_web.storage.records import DatabaseUploadRecords
+
+    path = Path(sys.argv[1])
+    records = DatabaseUploadRecords(open_database(path.parent))
+    polled = []  # which greenlet asked SQLite for the write lock, once per try
+    real_retry = database._retry_busy
+    def spy(attempt):
+        def counted():
+            polled.append(id(gevent.getcurrent()))
+            return attempt()
+        return real_retry(counted)
+    database._retry_busy = spy
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(0.6); "
+        "db.execute('COMMIT')"), str(path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+
+    def write(index):
+        with records.locked(f"T{index}") as txn:
+            txn.delete("nothing")
+        return index
+
+    writers = [gevent.spawn(write, i) for i in range(30)]
+    gevent.sleep(0.4)  # the other process still holds the lock
+    while_held = set(polled)
+    done = [w.get(timeout=30) for w in writers]
+    holder.wait()
+    print(json.dumps({"pollers_while_held": len(while_held), "tries_while_held": len(polled),
+                      "done": len(done)}))
+    """
+)
+
+
+def test_one_writer_per_process_polls_for_sqlites_write_lock(tmp_path: Path) -> None:
+    """500 uploads committing at once used to retry BEGIN IMMEDIATE each, and a fast
+    client's list waited behind the retries; the others now queue in the process."""
+    outcome = script_outcome(QUEUE_SCRIPT, str(tmp_path / "deerflow.sqlite3"))
+    assert outcome["pollers_while_held"] == 1
+    assert outcome["done"] == 30  # every writer got its turn once the lock was free
+
+
 PG_WAIT_SCRIPT = textwrap.dedent(
     """
     from gevent import monkey
