@@ -239,6 +239,10 @@ def _sqlite_begin(conn: Connection) -> None:
     _retry_busy(lambda: raw.execute(statement))
 
 
+# Per SQLite engine: the lock its writers of this process queue on (see write_transaction).
+_writers_gates: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`.
 
@@ -276,10 +280,6 @@ def make_engine(url: str) -> Engine:
             pool_timeout=CONNECT_TIMEOUT_SECONDS * 2,
         )
     return engine
-
-
-# Per SQLite engine: the lock its writers of this process queue on (see write_transaction).
-_writers_gates: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
 
 
 @contextmanager
