@@ -29,6 +29,7 @@ from werkzeug.datastructures import Headers
 from werkzeug.test import TestResponse
 
 from deerflow_web.services.accounts.passwords import Passwords
+from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.settings import parse_bool
 from deerflow_web.storage.database import default_database_url
 from deerflow_web.web import create_app
@@ -105,6 +106,27 @@ def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
+
+
+@pytest.fixture(autouse=True)
+def _no_lease_keeper_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Stop every conversion lease keeper a test started, however it made its jobs object.
+
+    A keeper left running renews leases in a database its test has dropped and logs each
+    failure with a traceback; Python 3.11 formats those with `ast`, whose recursion counter
+    is not thread-safe, and a test parsing source meanwhile failed with a SystemError.
+    """
+    started: list[ConversionJobs] = []
+    start = ConversionJobs.start_keeper
+
+    def recorded(jobs: ConversionJobs) -> None:
+        started.append(jobs)
+        start(jobs)
+
+    monkeypatch.setattr(ConversionJobs, "start_keeper", recorded)
+    yield
+    for jobs in started:
+        jobs.stop_keeper()
 
 
 @pytest.fixture
