@@ -51,6 +51,7 @@ from sqlalchemy.exc import OperationalError
 DATABASE_FILE = "deerflow.sqlite3"
 BUSY_SLICE_SECONDS = 0.0  # what SQLite's own (blocking) busy handler gets: nothing
 BUSY_TIMEOUT_SECONDS = 60  # how long a writer waits for SQLite's write lock, in Python sleeps
+BUSY_RETRY_MAX_SECONDS = 0.005  # the longest of those sleeps (see _retry_busy)
 CONNECT_TIMEOUT_SECONDS = 5  # a server that does not answer fails the request, never hangs it
 
 metadata = MetaData()
@@ -212,7 +213,13 @@ def _is_busy(error: Exception) -> bool:
 
 
 def _retry_busy(attempt: Any) -> Any:
-    """Run `attempt` until SQLite stops answering "locked", sleeping in Python between tries."""
+    """Run `attempt` until SQLite stops answering "locked", sleeping in Python between tries.
+
+    The sleeps stay short: with one writer per process polling (`write_transaction`), a
+    long one is the time the lock lies free after another process lets it go, and eight
+    uploads committing at once measured 0.97x gthread with 50 ms between tries against
+    1.00x with 5 ms, in the same rounds.
+    """
     deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
     delay = 0.001
     while True:
@@ -222,7 +229,7 @@ def _retry_busy(attempt: Any) -> Any:
             if not _is_busy(error) or time.monotonic() > deadline:
                 raise
         time.sleep(delay)  # gevent's sleep when the server runs on gevent
-        delay = min(delay * 2, 0.05)
+        delay = min(delay * 2, BUSY_RETRY_MAX_SECONDS)
 
 
 def _sqlite_begin(conn: Connection) -> None:
