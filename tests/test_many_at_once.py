@@ -709,11 +709,13 @@ def test_a_fast_readers_download_is_refilled_eagerly_and_a_slow_one_waits() -> N
     assert 0.3 <= outcome["midway_seconds_to_drop"] < 0.9
 
 
-LOCK_SCRIPT = textwrap.dedent(
+# The start of a gevent script about SQLite's write lock: `records` on the file named by
+# argv[1], and `hold_write_lock`, which has another process take that lock for a while.
+SQLITE_LOCK_PRELUDE = textwrap.dedent(
     """
     from gevent import monkey
     monkey.patch_all()
-    import json, sqlite3, subprocess, sys, time
+    import json, subprocess, sys, time
     import gevent
     from pathlib import Path
     from deerflow_web.storage.migrate import open_database
@@ -721,11 +723,21 @@ LOCK_SCRIPT = textwrap.dedent(
 
     path = Path(sys.argv[1])
     records = DatabaseUploadRecords(open_database(path.parent))
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
-        "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(1.0); "
-        "db.execute('COMMIT')"), str(path)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
+
+    def hold_write_lock(seconds):
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); "
+            "time.sleep(float(sys.argv[2])); db.execute('COMMIT')"), str(path), str(seconds)],
+            stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+        return holder
+    """
+)
+
+LOCK_SCRIPT = SQLITE_LOCK_PRELUDE + textwrap.dedent(
+    """
+    holder = hold_write_lock(1.0)
     ticks = []
     def ticker():
         while True:
@@ -749,19 +761,10 @@ def test_waiting_for_another_processs_write_lock_keeps_the_loop_running(tmp_path
     assert outcome["ticks"] >= 10  # and the other greenlet ran meanwhile
 
 
-QUEUE_SCRIPT = textwrap.dedent(
+QUEUE_SCRIPT = SQLITE_LOCK_PRELUDE + textwrap.dedent(
     """
-    from gevent import monkey
-    monkey.patch_all()
-    import json, subprocess, sys, time
-    import gevent
-    from pathlib import Path
     from deerflow_web.storage import database
-    from deerflow_web.storage.migrate import open_database
-    from deerflow_web.storage.records import DatabaseUploadRecords
 
-    path = Path(sys.argv[1])
-    records = DatabaseUploadRecords(open_database(path.parent))
     polled = []  # which greenlet asked SQLite for the write lock, once per try
     real_retry = database._retry_busy
     def spy(attempt):
@@ -770,11 +773,7 @@ QUEUE_SCRIPT = textwrap.dedent(
             return attempt()
         return real_retry(counted)
     database._retry_busy = spy
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
-        "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(0.6); "
-        "db.execute('COMMIT')"), str(path)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
+    holder = hold_write_lock(0.6)
 
     def write(index):
         with records.locked(f"T{index}") as txn:
