@@ -10,6 +10,7 @@ the same tests run against the single-user flat layout of the first release.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -31,7 +32,9 @@ from werkzeug.test import TestResponse
 from deerflow_web.services.accounts.passwords import Passwords
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.settings import parse_bool
+from deerflow_web.storage.database import DATABASE_FILE
 from deerflow_web.storage.database import default_database_url
+from deerflow_web.storage.migrate import open_database
 from deerflow_web.web import create_app
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.openapi_check import check_response
@@ -137,8 +140,24 @@ def base_dir(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An embedded database at the newest schema revision, made once per test run.
+
+    Running the migrations costs a fresh app a good part of its start-up; `make_app` copies
+    this file into a data dir that has no database yet, and the app then finds nothing to
+    upgrade. Tests of the migrations themselves build their own files.
+    """
+    folder = tmp_path_factory.mktemp("migrated")
+    engine = open_database(folder)
+    with engine.connect() as db:
+        db.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    engine.dispose()
+    return folder / DATABASE_FILE
+
+
 @pytest.fixture
-def make_app(base_dir: Path, tmp_path: Path) -> Iterator[Any]:
+def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterator[Any]:
     """Build an app, optionally with an `uploads:` config section written to a YAML file."""
 
     def factory(
@@ -166,6 +185,7 @@ def make_app(base_dir: Path, tmp_path: Path) -> Iterator[Any]:
             path.write_text(yaml.safe_dump(sections), encoding="utf-8")
             config["CONFIG_PATH"] = str(path)
         config.update(overrides)
+        _start_from_migrated(Path(config["BASE_DIR"]), migrated_database)
         app = create_app(config)
         prepare_test_app(app, test_user=test_user)
         made.append(app)
@@ -177,6 +197,15 @@ def make_app(base_dir: Path, tmp_path: Path) -> Iterator[Any]:
         services = app.extensions[EXTENSION_KEY]
         services.conversions.stop_keeper()
         services.engine.dispose()
+
+
+def _start_from_migrated(base_dir: Path, template: Path) -> None:
+    """Give a data dir without a database a copy of the migrated one (see `migrated_database`)."""
+    target = base_dir / DATABASE_FILE
+    if os.environ.get("DATABASE_URL") or not base_dir.is_dir() or os.path.lexists(target):
+        return
+    shutil.copyfile(template, target)
+    target.chmod(0o600)
 
 
 def prepare_test_app(app: Flask, *, test_user: bool = True) -> None:

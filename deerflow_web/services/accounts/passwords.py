@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from functools import cached_property
 from pathlib import Path
 
 from argon2 import PasswordHasher
@@ -62,7 +63,11 @@ class Passwords:
 
     def __init__(self, hasher: PasswordHasher | None = None) -> None:
         self._hasher = hasher or PasswordHasher()
-        self._dummy = self._hasher.hash("not a password of anyone")
+
+    @cached_property
+    def _dummy(self) -> str:
+        """Made when first needed: hashing it costs as much as a sign-in, at every start-up."""
+        return self._hasher.hash("not a password of anyone")
 
     def hash(self, password: str) -> str:
         """A self-describing argon2id hash (parameters and salt included)."""
