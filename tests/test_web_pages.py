@@ -718,3 +718,96 @@ def test_convert_form_needs_a_csrf_token(make_app) -> None:
     client = make_app(WTF_CSRF_ENABLED=True).test_client()
     response = client.post("/threads/T/convert", data={"filename": "a.pdf"})
     assert response.status_code == 400
+
+
+# ---- Markdown render bounds and cache (issue 23 item 8) -------------------------------
+
+
+@pytest.fixture
+def counted_renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every text markdown-it really parses (cache misses), in order; an empty cache first."""
+    from deerflow_web.services.files import markdown_render
+
+    markdown_render.RENDER_CACHE.clear()
+    rendered: list[str] = []
+    real = markdown_render._render_uncached
+
+    def counting(source: str) -> Any:
+        rendered.append(source)
+        return real(source)
+
+    monkeypatch.setattr(markdown_render, "_render_uncached", counting)
+    return rendered
+
+
+def _timed_preview(client: FlaskClient, path: str) -> tuple[str, float]:
+    """A preview page and the CPU time it cost (the test client serves on this thread)."""
+    import time
+
+    started = time.thread_time()
+    html = preview(client, path)
+    return html, time.thread_time() - started
+
+
+def test_a_megabyte_of_image_openers_previews_as_source_in_bounded_time(
+    app: Flask, client: FlaskClient, counted_renders: list[str]
+) -> None:
+    seed(app, "t1", {"bang.md": b"![" * (512 * 1024)})
+
+    html, cpu_seconds = _timed_preview(client, "uploads/bang.md")
+
+    assert cpu_seconds < 1.0  # it took 14-20 s of CPU
+    assert "it is shown as source text" in html and "over 512" in html
+    assert '<pre class="source" tabindex="0"><code>![![![' in html
+    assert '<article class="markdown-body">' not in html
+    assert "Show formatted" not in html and "Show source" not in html
+    assert counted_renders == []
+
+
+def test_a_slow_render_stops_at_its_cpu_bound_and_is_not_tried_again(
+    app: Flask, client: FlaskClient, counted_renders: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deerflow_web.services.files import markdown_render
+
+    monkeypatch.setattr(markdown_render, "RENDER_SECONDS", 0.3)
+    seed(app, "t1", {"slow.md": b"![" * (200 * 1024)})  # under the size cap, seconds to parse
+
+    first, cpu_seconds = _timed_preview(client, "uploads/slow.md")
+    second, again_seconds = _timed_preview(client, "uploads/slow.md")
+
+    assert cpu_seconds < 0.3 + 0.5 and again_seconds < 0.3
+    for html in (first, second):
+        assert "took too long to format; it is shown as source text" in html
+        assert '<article class="markdown-body">' not in html
+    assert len(counted_renders) == 1
+
+
+def test_a_second_view_reuses_the_render_and_still_sees_new_images(
+    app: Flask, client: FlaskClient, counted_renders: list[str]
+) -> None:
+    seed(app, "t1", {"doc.md": b"# Title\n\n![pic](pic.png) ![gone](gone.png)\n"})
+
+    before = preview(client, "uploads/doc.md")
+    seed(app, "t1", {"pic.png": PNG_1X1})
+    after = preview(client, "uploads/doc.md")
+
+    assert len(counted_renders) == 1
+    assert "<h1>Title</h1>" in before and "<h1>Title</h1>" in after
+    assert '<span class="md-missing-image">pic</span>' in before
+    assert 'src="/api/threads/t1/artifacts/mnt/user-data/uploads/pic.png"' in after
+    assert '<span class="md-missing-image">gone</span>' in after
+
+
+def test_the_same_text_in_two_threads_renders_once_with_each_threads_images(
+    app: Flask, client: FlaskClient, counted_renders: list[str]
+) -> None:
+    body = b"![pic](pic.png)\n"
+    seed(app, "t1", {"doc.md": body, "pic.png": PNG_1X1})
+    seed(app, "t2", {"doc.md": body, "pic.png": PNG_1X1})
+
+    first = preview(client, "uploads/doc.md")
+    response = client.get("/threads/t2/files/uploads/doc.md")
+
+    assert response.status_code == 200 and len(counted_renders) == 1
+    assert 'src="/api/threads/t1/artifacts/mnt/user-data/uploads/pic.png"' in first
+    assert 'src="/api/threads/t2/artifacts/mnt/user-data/uploads/pic.png"' in text(response)
