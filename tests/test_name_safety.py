@@ -7,6 +7,7 @@ the model and in pages, never raw.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -51,6 +52,9 @@ REFUSED = [
     pytest.param("a\u202ab.txt", "bidirectional control U+202A", id="lre"),
     pytest.param("a\u2066b.txt", "bidirectional control U+2066", id="lri"),
     pytest.param("a\u2069b.txt", "bidirectional control U+2069", id="pdi"),
+    pytest.param("a\U000e0041b.txt", "tag character U+E0041", id="tag-letter"),
+    pytest.param("\U000e0001x.txt", "tag character U+E0001", id="language-tag"),
+    pytest.param("x\U000e007f.txt", "tag character U+E007F", id="cancel-tag"),
     pytest.param("...", "only of dots and spaces", id="dots"),
     pytest.param(". .", "only of dots and spaces", id="dots-and-spaces"),
     pytest.param("   ", "only of dots and spaces", id="spaces"),
@@ -152,6 +156,29 @@ def test_rename_refuses_every_class(
     assert response.status_code == 400
     assert reason in response.get_json()["detail"]
     assert os.listdir(uploads_dir(base_dir, "T")) == ["a.txt"]
+
+
+def tus_create(client: FlaskClient, thread_id: str, name: str):
+    """Create a resumable upload of 3 bytes under `name` (tus 1.0.0 metadata)."""
+    encoded = base64.b64encode(name.encode("utf-8")).decode()
+    return client.post(
+        f"/api/threads/{thread_id}/uploads/tus",
+        headers={
+            "Tus-Resumable": "1.0.0",
+            "Upload-Length": "3",
+            "Upload-Metadata": f"filename {encoded}",
+        },
+    )
+
+
+@pytest.mark.parametrize(("name", "reason"), REFUSED)
+def test_resumable_creation_refuses_every_class(
+    client: FlaskClient, base_dir: Path, name: str, reason: str
+) -> None:
+    response = tus_create(client, "T", name)
+    assert response.status_code == 400
+    assert reason in response.get_json()["detail"]
+    assert folder_is_empty(base_dir, "T")
 
 
 def test_the_file_manager_form_names_the_refused_files(client: FlaskClient, base_dir: Path) -> None:

@@ -39,6 +39,11 @@ _REFUSED_CHARACTERS: tuple[tuple[re.Pattern[str], str], ...] = (
         "contains the bidirectional control {code}, which can make the name display "
         "differently from what it is (such as a disguised extension)",
     ),
+    (
+        re.compile("[\U000e0000-\U000e007f]"),
+        "contains the tag character {code}, an invisible copy of a letter that a model "
+        "reads while a person sees nothing",
+    ),
 )
 
 
