@@ -324,6 +324,9 @@ def test_an_nfd_upload_is_stored_as_nfc_and_says_so(
     assert entry["virtual_path"] == f"/mnt/user-data/uploads/{NFC_NAME}"
     assert os.listdir(uploads_dir(base_dir, "T")) == [NFC_NAME]
     assert uploads.names("T") == [NFC_NAME]
+    # A path names a file exactly: the NFD form is not the stored file's name.
+    assert client.delete(f"/api/threads/T/uploads/{quote(NFD_NAME)}").status_code == 404
+    assert os.listdir(uploads_dir(base_dir, "T")) == [NFC_NAME]
 
 
 def test_an_nfc_upload_reports_no_original_name(client: FlaskClient) -> None:
