@@ -811,3 +811,40 @@ def test_the_same_text_in_two_threads_renders_once_with_each_threads_images(
     assert response.status_code == 200 and len(counted_renders) == 1
     assert 'src="/api/threads/t1/artifacts/mnt/user-data/uploads/pic.png"' in first
     assert 'src="/api/threads/t2/artifacts/mnt/user-data/uploads/pic.png"' in text(response)
+
+
+def test_under_gevent_a_slow_render_is_bounded_once_and_the_loop_keeps_answering(
+    tmp_path: Path,
+) -> None:
+    """Real gunicorn with `make run`'s worker: the render runs on the worker's thread pool
+    (its CPU bound is that thread's time), other requests are answered meanwhile, and the
+    verdict is cached for the next view."""
+    import threading
+
+    from tests.live_server import LiveServer
+    from tests.live_server import raw_request
+
+    base = tmp_path / "data"
+    folder = uploads_dir(base, "T", None)
+    folder.mkdir(parents=True)
+    (folder / "slow.md").write_bytes(b"![" * (200 * 1024))  # several seconds of parsing
+    (folder / "fine.md").write_bytes(b"# Fine\n")
+    log = tmp_path / "server.log"
+    slow_path = "/threads/T/files/uploads/slow.md"
+    with LiveServer(base, single_user=True, log=log) as server:
+        first: list[bytes] = []
+        viewer = threading.Thread(
+            target=lambda: first.append(raw_request(server.port, "GET", slow_path, timeout=120))
+        )
+        viewer.start()
+        fine = raw_request(server.port, "GET", "/threads/T/files/uploads/fine.md", timeout=60)
+        health = raw_request(server.port, "GET", "/healthz", timeout=60)
+        viewer.join(120)
+        again = raw_request(server.port, "GET", slow_path, timeout=60)
+        server.stop()
+
+    assert b"<h1>Fine</h1>" in fine and health.startswith(b"HTTP/1.1 200")
+    for page in (first[0], again):
+        assert page.startswith(b"HTTP/1.1 200")
+        assert b"took too long to format; it is shown as source text" in page
+    assert log.read_text().count("not formatted: over 2 s of CPU") == 1

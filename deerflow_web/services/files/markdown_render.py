@@ -16,6 +16,7 @@ result, never cached itself.
 from __future__ import annotations
 
 import hashlib
+import logging
 import posixpath
 import re
 import threading
@@ -36,6 +37,7 @@ from markupsafe import escape
 
 from deerflow_web.concurrency import off_loop
 
+logger = logging.getLogger(__name__)
 MAX_RENDER_BYTES = 512 * 1024  # UTF-8 size; above it, the page shows the source text
 RENDER_SECONDS = 2.0  # CPU time of one render (its thread's)
 MAX_IMAGES = 500  # distinct local images one view resolves; the rest show their alt text
@@ -239,6 +241,11 @@ def _render_uncached(text: str) -> _Rendered:
     try:
         html = _PARSER.render(text, env)
     except MarkdownNotRendered as refused:
+        logger.warning(
+            "Markdown of %d characters not formatted: over %g s of CPU; shown as source",
+            len(text),
+            RENDER_SECONDS,
+        )
         return _Rendered(refused=refused.reason)
     return _Rendered(html=html, images=tuple(env["images"]))
 
