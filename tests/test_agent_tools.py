@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -646,22 +647,87 @@ def test_tools_read_the_same_files_as_os(base: Path, uploads: Path) -> None:
     assert "here" in _read(base, path="/mnt/user-data/uploads/here.txt")
 
 
-def test_grep_stops_a_pattern_that_would_backtrack_for_hours(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _timed_grep(base: Path, **args: Any) -> tuple[Any, float]:
+    """A grep call and the CPU time it took (this thread's: the call runs on it here)."""
+    started = time.thread_time()
+    result = _grep(base, **args)
+    return result, time.thread_time() - started
+
+
+TWENTY_MIB = 20 * 1024 * 1024
+
+
+def test_one_budget_bounds_a_grep_over_two_large_files(
+    base: Path, uploads: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import time
-
-    from deerflow_web.errors import FileAccessError
+    """Issue 23 item 3: 2 x 20 MiB of short lines took 20-30 s of CPU; now the call's budget."""
     from deerflow_web.services.prompt import file_access
-    from deerflow_web.services.prompt.file_access import UserDataFiles
-    from deerflow_web.storage.paths import ThreadPaths
 
-    paths = ThreadPaths(tmp_path)
-    uploads = paths.uploads_dir("t1")
-    uploads.mkdir(parents=True)
-    (uploads / "long.txt").write_text("a" * 60 + "b\n")
+    for name in ("a.txt", "b.txt"):
+        (uploads / name).write_bytes(b"a\n" * (TWENTY_MIB // 2))
+    monkeypatch.setattr(file_access, "GREP_SECONDS", 1.0)
+
+    result, cpu_seconds = _timed_grep(base, pattern="zzz")
+
+    assert cpu_seconds < 1.0 + 0.5
+    assert result["matches"] == [] and result["truncated"] is True
+    stopped = result["stopped_at"]
+    assert stopped["path"] == "/mnt/user-data/uploads/a.txt" and stopped["reason"] == "time"
+    assert 1 < stopped["line"] < TWENTY_MIB // 2
+    assert result["message"] == (
+        f"The search stopped after 1 s (its time limit) at line {stopped['line']} of "
+        "/mnt/user-data/uploads/a.txt; lines and files after it were not searched. "
+        "Search a narrower path or glob to cover the rest."
+    )
+
+
+def test_the_budget_keeps_the_matches_found_before_it_ran_out(
+    base: Path, uploads: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deerflow_web.services.prompt import file_access
+
+    (uploads / "a.txt").write_bytes(b"hit\n" + b"a\n" * (TWENTY_MIB // 2 - 2))
     monkeypatch.setattr(file_access, "GREP_SECONDS", 0.5)
-    started = time.monotonic()
-    with pytest.raises(FileAccessError, match="stopped after 0.5 s"):
-        UserDataFiles(paths, "t1").grep(r"(a|aa)+$", "/mnt/user-data/uploads")
-    assert time.monotonic() - started < 5
+
+    result, cpu_seconds = _timed_grep(base, pattern="hit")
+
+    assert cpu_seconds < 0.5 + 0.5
+    assert result["matches"] == [{"path": "/mnt/user-data/uploads/a.txt", "line": 1, "text": "hit"}]
+    assert result["truncated"] is True and result["stopped_at"]["line"] > 1
+
+
+def test_a_pattern_slow_on_every_line_is_bounded_by_the_same_budget(
+    base: Path, uploads: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each line costs a fraction of a millisecond: no single search times out, the sum did."""
+    from deerflow_web.services.prompt import file_access
+
+    (uploads / "slow.txt").write_text(("a" * 11 + "b\n") * 20_000)
+    monkeypatch.setattr(file_access, "GREP_SECONDS", 0.5)
+
+    result, cpu_seconds = _timed_grep(base, pattern=r"(a|aa)+$")
+
+    assert cpu_seconds < 0.5 + 0.5
+    assert result["truncated"] is True and result["stopped_at"]["reason"] == "time"
+    assert result["stopped_at"]["path"] == "/mnt/user-data/uploads/slow.txt"
+
+
+def test_grep_stops_a_pattern_that_would_backtrack_for_hours(
+    base: Path, uploads: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deerflow_web.services.prompt import file_access
+
+    (uploads / "long.txt").write_text("fine\n" + "a" * 60 + "b\n")
+    monkeypatch.setattr(file_access, "GREP_SECONDS", 0.5)
+
+    result, cpu_seconds = _timed_grep(base, pattern=r"fine|(a|aa)+$")
+
+    assert cpu_seconds < 0.5 + 0.5
+    assert [m["line"] for m in result["matches"]] == [1]
+    assert result["stopped_at"] == {
+        "path": "/mnt/user-data/uploads/long.txt",
+        "line": 2,
+        "reason": "time",
+    }
+    assert "line 2 of /mnt/user-data/uploads/long.txt: that line alone" in result["message"]
+    assert "simpler pattern" in result["message"]

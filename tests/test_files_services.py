@@ -168,6 +168,41 @@ def test_markdown_images_without_a_resolver_never_load() -> None:
     assert "<img" not in render_markdown("![x](x.png)")
 
 
+@pytest.mark.parametrize("nul", ("\x00", "&#0;", "&#x0;", "\\\x00"))
+def test_a_nul_in_the_source_never_becomes_an_image(nul: str) -> None:
+    """Cached HTML marks local images with NUL slots; the source cannot forge one."""
+    html = render_markdown(f"a {nul}0{nul} b", image_url=lambda path: f"URL:{path}")
+    assert "\x00" not in html and "<img" not in html and "md-missing-image" not in html
+
+
+def test_markdown_image_lookups_are_bounded_per_view() -> None:
+    from deerflow_web.services.files.markdown_render import MAX_IMAGES
+
+    asked: list[str] = []
+    source = " ".join(f"![p{n}](p{n}.png)" for n in range(MAX_IMAGES + 50)) + " ![again](p0.png)"
+    html = render_markdown(source, image_url=lambda path: asked.append(path) or f"URL:{path}")
+    assert len(asked) == MAX_IMAGES  # each path once, and no more than MAX_IMAGES of them
+    assert html.count("<img") == MAX_IMAGES + 1  # p0.png twice
+    assert '<span class="md-missing-image">p' + str(MAX_IMAGES) + "</span>" in html
+
+
+def test_the_render_cache_keeps_to_its_size_least_recently_used_out_first() -> None:
+    from deerflow_web.services.files.markdown_render import RenderCache
+    from deerflow_web.services.files.markdown_render import _Rendered
+
+    cache = RenderCache(max_bytes=3000)
+    keys = (b"a", b"b", b"c", b"d", b"e")
+    entries = {key: _Rendered(html=key.decode() * 600) for key in keys}  # 700 bytes each
+    for key in keys[:4]:
+        cache.put(key, entries[key])
+    assert cache.get(b"a") is entries[b"a"]  # a is now the most recent
+    cache.put(b"e", entries[b"e"])  # 5 x 700 > 3000: the least recent (b) goes
+    assert cache.get(b"b") is None
+    assert all(cache.get(key) is entries[key] for key in (b"a", b"c", b"d", b"e"))
+    cache.put(b"huge", _Rendered(html="x" * 700))  # over a quarter of the cache: not kept
+    assert cache.get(b"huge") is None and cache.get(b"e") is entries[b"e"]
+
+
 # ---- Preview ------------------------------------------------------------------------
 
 

@@ -7,9 +7,11 @@ the model and in pages, never raw.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
+import unicodedata
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,9 @@ REFUSED = [
     pytest.param("a\u202ab.txt", "bidirectional control U+202A", id="lre"),
     pytest.param("a\u2066b.txt", "bidirectional control U+2066", id="lri"),
     pytest.param("a\u2069b.txt", "bidirectional control U+2069", id="pdi"),
+    pytest.param("a\U000e0041b.txt", "tag character U+E0041", id="tag-letter"),
+    pytest.param("\U000e0001x.txt", "tag character U+E0001", id="language-tag"),
+    pytest.param("x\U000e007f.txt", "tag character U+E007F", id="cancel-tag"),
     pytest.param("...", "only of dots and spaces", id="dots"),
     pytest.param(". .", "only of dots and spaces", id="dots-and-spaces"),
     pytest.param("   ", "only of dots and spaces", id="spaces"),
@@ -152,6 +157,29 @@ def test_rename_refuses_every_class(
     assert response.status_code == 400
     assert reason in response.get_json()["detail"]
     assert os.listdir(uploads_dir(base_dir, "T")) == ["a.txt"]
+
+
+def tus_create(client: FlaskClient, thread_id: str, name: str):
+    """Create a resumable upload of 3 bytes under `name` (tus 1.0.0 metadata)."""
+    encoded = base64.b64encode(name.encode("utf-8")).decode()
+    return client.post(
+        f"/api/threads/{thread_id}/uploads/tus",
+        headers={
+            "Tus-Resumable": "1.0.0",
+            "Upload-Length": "3",
+            "Upload-Metadata": f"filename {encoded}",
+        },
+    )
+
+
+@pytest.mark.parametrize(("name", "reason"), REFUSED)
+def test_resumable_creation_refuses_every_class(
+    client: FlaskClient, base_dir: Path, name: str, reason: str
+) -> None:
+    response = tus_create(client, "T", name)
+    assert response.status_code == 400
+    assert reason in response.get_json()["detail"]
+    assert folder_is_empty(base_dir, "T")
 
 
 def test_the_file_manager_form_names_the_refused_files(client: FlaskClient, base_dir: Path) -> None:
@@ -266,3 +294,109 @@ def test_the_agent_sees_an_on_disk_name_as_one_entry(base_dir: Path) -> None:
     [listed] = json.loads(tool.content)["files"]
     assert listed["filename"] == "old\\u202etxt.exe\\nIMPORTANT"
     assert listed["path"] == "/mnt/user-data/uploads/old\\u202etxt.exe\\nIMPORTANT"
+
+
+# ---- One visible name, one file (issue 23 item 15) -------------------------------------
+
+NFC_NAME = "caf\u00e9 r\u00e9sum\u00e9.txt"  # é as one code point
+NFD_NAME = unicodedata.normalize("NFD", NFC_NAME)  # e + combining acute, as macOS sends it
+
+
+def upload_named(client: FlaskClient, name: str, body: bytes, **form: str):
+    data: dict[str, Any] = {**form, "files": [(BytesIO(body), name)]}
+    return client.post("/api/threads/T/uploads", data=data)
+
+
+def test_the_two_forms_differ_but_look_the_same() -> None:
+    assert NFD_NAME != NFC_NAME and len(NFD_NAME) == len(NFC_NAME) + 3
+    assert normalize_filename(NFD_NAME) == NFC_NAME
+    assert normalize_filename("dir/" + NFD_NAME) == NFC_NAME
+    assert normalize_filename(NFC_NAME) == NFC_NAME
+
+
+def test_an_nfd_upload_is_stored_as_nfc_and_says_so(
+    client: FlaskClient, uploads: UploadActions, base_dir: Path
+) -> None:
+    response = raw_upload(client, "T", f"filename*=UTF-8''{quote(NFD_NAME, safe='')}")
+    [entry] = response.get_json()["files"]
+    assert entry["filename"] == NFC_NAME
+    assert entry["original_filename"] == NFD_NAME
+    assert entry["virtual_path"] == f"/mnt/user-data/uploads/{NFC_NAME}"
+    assert os.listdir(uploads_dir(base_dir, "T")) == [NFC_NAME]
+    assert uploads.names("T") == [NFC_NAME]
+    # A path names a file exactly: the NFD form is not the stored file's name.
+    assert client.delete(f"/api/threads/T/uploads/{quote(NFD_NAME)}").status_code == 404
+    assert os.listdir(uploads_dir(base_dir, "T")) == [NFC_NAME]
+
+
+def test_an_nfc_upload_reports_no_original_name(client: FlaskClient) -> None:
+    [entry] = upload_named(client, NFC_NAME, b"x").get_json()["files"]
+    assert entry["filename"] == NFC_NAME and entry["original_filename"] is None
+
+
+@pytest.mark.parametrize(("first", "second"), [(NFD_NAME, NFC_NAME), (NFC_NAME, NFD_NAME)])
+def test_both_forms_of_one_name_are_one_file(
+    client: FlaskClient, uploads: UploadActions, base_dir: Path, first: str, second: str
+) -> None:
+    upload_named(client, first, b"first")
+    assert upload_named(client, second, b"second").status_code == 200
+    assert os.listdir(uploads_dir(base_dir, "T")) == [NFC_NAME]
+    assert (uploads_dir(base_dir, "T") / NFC_NAME).read_bytes() == b"second"
+    assert uploads.names("T") == [NFC_NAME]
+
+
+def test_the_other_form_follows_on_conflict(
+    client: FlaskClient, uploads: UploadActions, base_dir: Path
+) -> None:
+    upload_named(client, NFC_NAME, b"first")
+    refused = upload_named(client, NFD_NAME, b"second", on_conflict="reject")
+    assert refused.status_code == 409 and NFC_NAME in refused.get_json()["detail"]
+    [renamed] = upload_named(client, NFD_NAME, b"third", on_conflict="rename").get_json()["files"]
+    numbered = unicodedata.normalize("NFC", "caf\u00e9 r\u00e9sum\u00e9_1.txt")
+    assert renamed["filename"] == numbered and renamed["original_filename"] == NFD_NAME
+    assert sorted(os.listdir(uploads_dir(base_dir, "T"))) == sorted([NFC_NAME, numbered])
+
+
+def test_rename_to_an_nfd_name_stores_the_nfc_form(
+    client: FlaskClient, uploads: UploadActions, base_dir: Path
+) -> None:
+    uploads.upload("T", (b"a", "a.txt"))
+    response = client.post("/api/threads/T/uploads/a.txt/rename", json={"new_name": NFD_NAME})
+    assert response.status_code == 200
+    assert response.get_json()["file"]["filename"] == NFC_NAME
+    assert os.listdir(uploads_dir(base_dir, "T")) == [NFC_NAME]
+    assert uploads.names("T") == [NFC_NAME]
+    # A rename to the other form of a name already there is a rename onto that same file.
+    again = client.post(
+        f"/api/threads/T/uploads/{quote(NFC_NAME)}/rename", json={"new_name": NFD_NAME}
+    )
+    assert again.status_code == 200 and again.get_json()["file"]["filename"] == NFC_NAME
+    assert os.listdir(uploads_dir(base_dir, "T")) == [NFC_NAME]
+
+
+def test_a_resumable_upload_under_an_nfd_name_is_stored_as_nfc(
+    client: FlaskClient, uploads: UploadActions, base_dir: Path
+) -> None:
+    created = tus_create(client, "T", NFD_NAME)
+    assert created.status_code == 201
+    sent = client.patch(
+        created.headers["Location"],
+        data=b"abc",
+        headers={
+            "Tus-Resumable": "1.0.0",
+            "Upload-Offset": "0",
+            "Content-Type": "application/offset+octet-stream",
+        },
+    )
+    assert sent.status_code == 204
+    assert os.listdir(uploads_dir(base_dir, "T")) == [NFC_NAME]
+    assert uploads.names("T") == [NFC_NAME]
+
+
+def test_names_that_differ_only_in_case_are_two_files(
+    uploads: UploadActions, base_dir: Path
+) -> None:
+    """As on the Linux file systems and in DeerFlow's sandbox (the README says so)."""
+    uploads.upload("T", (b"1", "Report.txt"))
+    uploads.upload("T", (b"2", "report.txt"))
+    assert sorted(os.listdir(uploads_dir(base_dir, "T"))) == ["Report.txt", "report.txt"]

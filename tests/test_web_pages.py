@@ -718,3 +718,133 @@ def test_convert_form_needs_a_csrf_token(make_app) -> None:
     client = make_app(WTF_CSRF_ENABLED=True).test_client()
     response = client.post("/threads/T/convert", data={"filename": "a.pdf"})
     assert response.status_code == 400
+
+
+# ---- Markdown render bounds and cache (issue 23 item 8) -------------------------------
+
+
+@pytest.fixture
+def counted_renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every text markdown-it really parses (cache misses), in order; an empty cache first."""
+    from deerflow_web.services.files import markdown_render
+
+    markdown_render.RENDER_CACHE.clear()
+    rendered: list[str] = []
+    real = markdown_render._render_uncached
+
+    def counting(source: str) -> Any:
+        rendered.append(source)
+        return real(source)
+
+    monkeypatch.setattr(markdown_render, "_render_uncached", counting)
+    return rendered
+
+
+def _timed_preview(client: FlaskClient, path: str) -> tuple[str, float]:
+    """A preview page and the CPU time it cost (the test client serves on this thread)."""
+    import time
+
+    started = time.thread_time()
+    html = preview(client, path)
+    return html, time.thread_time() - started
+
+
+def test_a_megabyte_of_image_openers_previews_as_source_in_bounded_time(
+    app: Flask, client: FlaskClient, counted_renders: list[str]
+) -> None:
+    seed(app, "t1", {"bang.md": b"![" * (512 * 1024)})
+
+    html, cpu_seconds = _timed_preview(client, "uploads/bang.md")
+
+    assert cpu_seconds < 1.0  # it took 14-20 s of CPU
+    assert "it is shown as source text" in html and "over 512" in html
+    assert '<pre class="source" tabindex="0"><code>![![![' in html
+    assert '<article class="markdown-body">' not in html
+    assert "Show formatted" not in html and "Show source" not in html
+    assert counted_renders == []
+
+
+def test_a_slow_render_stops_at_its_cpu_bound_and_is_not_tried_again(
+    app: Flask, client: FlaskClient, counted_renders: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deerflow_web.services.files import markdown_render
+
+    monkeypatch.setattr(markdown_render, "RENDER_SECONDS", 0.3)
+    seed(app, "t1", {"slow.md": b"![" * (200 * 1024)})  # under the size cap, seconds to parse
+
+    first, cpu_seconds = _timed_preview(client, "uploads/slow.md")
+    second, again_seconds = _timed_preview(client, "uploads/slow.md")
+
+    assert cpu_seconds < 0.3 + 0.5 and again_seconds < 0.3
+    for html in (first, second):
+        assert "took too long to format; it is shown as source text" in html
+        assert '<article class="markdown-body">' not in html
+    assert len(counted_renders) == 1
+
+
+def test_a_second_view_reuses_the_render_and_still_sees_new_images(
+    app: Flask, client: FlaskClient, counted_renders: list[str]
+) -> None:
+    seed(app, "t1", {"doc.md": b"# Title\n\n![pic](pic.png) ![gone](gone.png)\n"})
+
+    before = preview(client, "uploads/doc.md")
+    seed(app, "t1", {"pic.png": PNG_1X1})
+    after = preview(client, "uploads/doc.md")
+
+    assert len(counted_renders) == 1
+    assert "<h1>Title</h1>" in before and "<h1>Title</h1>" in after
+    assert '<span class="md-missing-image">pic</span>' in before
+    assert 'src="/api/threads/t1/artifacts/mnt/user-data/uploads/pic.png"' in after
+    assert '<span class="md-missing-image">gone</span>' in after
+
+
+def test_the_same_text_in_two_threads_renders_once_with_each_threads_images(
+    app: Flask, client: FlaskClient, counted_renders: list[str]
+) -> None:
+    body = b"![pic](pic.png)\n"
+    seed(app, "t1", {"doc.md": body, "pic.png": PNG_1X1})
+    seed(app, "t2", {"doc.md": body, "pic.png": PNG_1X1})
+
+    first = preview(client, "uploads/doc.md")
+    response = client.get("/threads/t2/files/uploads/doc.md")
+
+    assert response.status_code == 200 and len(counted_renders) == 1
+    assert 'src="/api/threads/t1/artifacts/mnt/user-data/uploads/pic.png"' in first
+    assert 'src="/api/threads/t2/artifacts/mnt/user-data/uploads/pic.png"' in text(response)
+
+
+def test_under_gevent_a_slow_render_is_bounded_once_and_the_loop_keeps_answering(
+    tmp_path: Path,
+) -> None:
+    """Real gunicorn with `make run`'s worker: the render runs on the worker's thread pool
+    (its CPU bound is that thread's time), other requests are answered meanwhile, and the
+    verdict is cached for the next view."""
+    import threading
+
+    from tests.live_server import LiveServer
+    from tests.live_server import raw_request
+
+    base = tmp_path / "data"
+    folder = uploads_dir(base, "T", None)
+    folder.mkdir(parents=True)
+    (folder / "slow.md").write_bytes(b"![" * (200 * 1024))  # several seconds of parsing
+    (folder / "fine.md").write_bytes(b"# Fine\n")
+    log = tmp_path / "server.log"
+    slow_path = "/threads/T/files/uploads/slow.md"
+    with LiveServer(base, single_user=True, log=log) as server:
+        first: list[bytes] = []
+        viewer = threading.Thread(
+            target=lambda: first.append(raw_request(server.port, "GET", slow_path, timeout=120))
+        )
+        viewer.start()
+        fine = raw_request(server.port, "GET", "/threads/T/files/uploads/fine.md", timeout=60)
+        health = raw_request(server.port, "GET", "/healthz", timeout=60)
+        viewer.join(120)
+        again = raw_request(server.port, "GET", slow_path, timeout=60)
+        server.stop()
+
+    assert b"<h1>Fine</h1>" in fine and health.startswith(b"HTTP/1.1 200")
+    for page in (first[0], again):
+        assert page.startswith(b"HTTP/1.1 200")
+        assert b"took too long to format; it is shown as source text" in page
+    assert log.read_text().count("not formatted: over 2 s of CPU") == 1

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import html
+import json
 import re
+import time
 from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+import pytest
 from flask import Flask
 
 from deerflow_web.agent import make_grep_tool
@@ -95,3 +98,32 @@ def test_the_panel_needs_a_csrf_token(make_app: Any) -> None:
     )
     assert response.status_code == 400
     assert 'id="tool-answer"' not in response.get_data(as_text=True)
+
+
+def test_the_panel_is_bounded_by_the_same_grep_budget(
+    app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 item 3 on the page: one budget per call, and the answer says where it stopped."""
+    from deerflow_web.services.prompt import file_access
+
+    lines = 10 * 1024 * 1024
+    _seed(app, {"a.txt": b"a\n" * lines, "b.txt": b"a\n" * lines})
+    monkeypatch.setattr(file_access, "GREP_SECONDS", 0.5)
+    client = app.test_client()
+
+    started = time.thread_time()
+    response = client.post(
+        TOOLS, data={"tool": "grep", "path": "/mnt/user-data/uploads", "pattern": "zzz"}
+    )
+    cpu_seconds = time.thread_time() - started
+
+    assert response.status_code == 200
+    assert cpu_seconds < 0.5 + 0.5
+    answer = json.loads(_answer(response))
+    assert answer["truncated"] is True
+    assert answer["stopped_at"]["path"] == "/mnt/user-data/uploads/a.txt"
+    assert 1 < answer["stopped_at"]["line"] < lines
+    assert (
+        f"at line {answer['stopped_at']['line']} of /mnt/user-data/uploads/a.txt"
+        in (answer["message"])
+    )

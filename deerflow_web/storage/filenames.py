@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
@@ -39,6 +40,11 @@ _REFUSED_CHARACTERS: tuple[tuple[re.Pattern[str], str], ...] = (
         "contains the bidirectional control {code}, which can make the name display "
         "differently from what it is (such as a disguised extension)",
     ),
+    (
+        re.compile("[\U000e0000-\U000e007f]"),
+        "contains the tag character {code}, an invisible copy of a letter that a model "
+        "reads while a person sees nothing",
+    ),
 )
 
 
@@ -64,23 +70,44 @@ def refusal_reason(name: str) -> str | None:
     return None
 
 
+def _last_component(raw: str) -> str:
+    """The last `/`-separated component of a client's name, as the client wrote it."""
+    return raw.rstrip("/").rsplit("/", 1)[-1] if raw.strip("/") else ""
+
+
 def normalize_filename(raw: str) -> str:
-    """Return the basename of a client-supplied filename, kept exactly as the user wrote it.
+    """Return the basename of a client-supplied filename, in Unicode's composed form (NFC).
 
     Unicode, spaces and case are kept (unlike `secure_filename`, which would turn
     `报告.pdf` into `pdf`); only what cannot be stored safely is refused, for the reason
     `refusal_reason` gives. Every way a name reaches the uploads folder (upload request,
     rename, creation of a resumable upload) goes through here.
 
+    A name is stored composed: `é` as one code point, never `e` and a combining accent
+    (NFD, what macOS file systems and some browsers send). The two forms look the same
+    everywhere, so keeping both would put two files of one visible name side by side; in
+    NFC a second upload of the name replaces the first, or follows `on_conflict`.
+    `reported_original` tells the client when its form was changed.
+
     Raises:
         UnsafeFilename: If nothing safe is left.
     """
     if not raw:
         raise UnsafeFilename("Filename is empty")
-    name = raw.rstrip("/").rsplit("/", 1)[-1] if raw.strip("/") else ""
+    name = unicodedata.normalize("NFC", _last_component(raw))
     if (reason := refusal_reason(name)) is not None:
         raise UnsafeFilename(reason)
     return name
+
+
+def reported_original(raw: str, stored: str) -> str | None:
+    """An upload's `original_filename`: the client's own basename when stored as another.
+
+    That is when the name was numbered (`data_1.txt`) or composed to NFC; a name only cut
+    to its last path component is not reported.
+    """
+    client = _last_component(raw)
+    return client if client != stored else None
 
 
 def numbered_name(name: str, n: int) -> str:

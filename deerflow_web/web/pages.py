@@ -35,6 +35,7 @@ from deerflow_web.services.files.browse import list_area
 from deerflow_web.services.files.list_query import ListQuery
 from deerflow_web.services.files.listing import SortKey
 from deerflow_web.services.files.listing import build_listing
+from deerflow_web.services.files.markdown_render import MAX_RENDER_BYTES
 from deerflow_web.services.files.preview import PREVIEW_BYTES
 from deerflow_web.services.files.preview import build_preview
 from deerflow_web.services.prompt.outline import upload_outline
@@ -330,6 +331,7 @@ def preview_file(thread_id: str, path: str) -> str:
         outline_truncated=any(entry.get("truncated") for entry in outline),
         outline_source=outline_source,
         preview_limit=PREVIEW_BYTES,
+        render_limit=MAX_RENDER_BYTES,
     )
 
 

@@ -22,10 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from pathlib import PurePosixPath
 
-from deerflow_web.concurrency import off_loop
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import Presentation
 from deerflow_web.services.files.markdown_render import ImageResolver
+from deerflow_web.services.files.markdown_render import MarkdownNotRendered
 from deerflow_web.services.files.markdown_render import render_markdown
 from deerflow_web.storage.sniff import is_binary_head
 
@@ -63,6 +63,7 @@ class Preview:
     content_type: str
     text: str = ""
     html: str = ""  # sanitised Markdown, safe to insert as is
+    unrendered: str = ""  # Markdown shown as source: "size" (too large) or "time" (too slow)
     rows: list[list[str]] = field(default_factory=list)
     more_rows: bool = False
     truncated: bool = False
@@ -143,8 +144,10 @@ def build_preview(
         return replace(shown, kind=PreviewKind.SOURCE)
     if suffix in MARKDOWN_SUFFIXES or artifact.content_type == "text/markdown":
         folder = posixpath.dirname(user_data_path)
-        # A megabyte of Markdown renders for a while: off the event loop (concurrency.py).
-        html = off_loop(render_markdown, text, base_dir=folder, image_url=image_url)
+        try:
+            html = render_markdown(text, base_dir=folder, image_url=image_url)
+        except MarkdownNotRendered as refused:
+            return replace(shown, kind=PreviewKind.MARKDOWN, unrendered=refused.reason)
         return replace(shown, kind=PreviewKind.MARKDOWN, html=html)
     if suffix in JSON_SUFFIXES or artifact.content_type == "application/json":
         return _json_preview(shown)

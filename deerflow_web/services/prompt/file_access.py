@@ -49,7 +49,7 @@ MAX_GREP_RESULTS = 200
 MAX_GREP_FILE_BYTES = 20 * 1024 * 1024
 MAX_GREP_TOTAL_BYTES = 200 * 1024 * 1024
 MAX_PATTERN_CHARS = 1000
-GREP_SECONDS = 5.0  # a whole grep call, across files
+GREP_SECONDS = 5.0  # one grep call, all its files and lines (`SearchBudget`)
 Result = TypeVar("Result")
 
 STILL_CONVERTING = (
@@ -143,21 +143,69 @@ def compile_glob(pattern: str) -> re.Pattern[str]:
     return re.compile(expression, re.DOTALL)
 
 
-def _matches(compiled: regex.Pattern[str], line: str, deadline: float) -> bool:
-    """Whether `line` matches, within what is left of the search's time budget.
+class SearchBudget:
+    """The time one grep call may take, across all its files and lines.
 
     The model writes the pattern, and a pattern like `(a|aa)+$` backtracks for hours on a
-    long line; the `regex` engine can stop a search at a deadline, which `re` cannot.
+    long line, while an innocent one costs a few microseconds per line, which over two
+    20 MiB files of short lines adds up to half a minute. So one deadline bounds the whole
+    call: every line is searched with what is left of it (the `regex` engine stops a search
+    at a timeout, which `re` cannot), and no line starts once it has passed. The deadline
+    is wall-clock time, which also bounds the CPU time: the search runs on one thread,
+    and a thread cannot use more CPU than the time that passes.
     """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._deadline = time.monotonic() + seconds
+
+    def extend(self, seconds: float) -> None:
+        """Give back time the call spent waiting, not searching (conversions of documents)."""
+        self._deadline += max(seconds, 0.0)
+
+    def left(self) -> float:
+        """Seconds left; zero or less once the budget is spent."""
+        return self._deadline - time.monotonic()
+
+
+class BudgetSpent(Exception):
+    """The grep call's time ran out; `pathological` when one line took the rest of it."""
+
+    def __init__(self, pathological: bool) -> None:
+        super().__init__()
+        self.pathological = pathological
+
+
+def _matches(compiled: regex.Pattern[str], line: str, budget: SearchBudget) -> bool:
+    """Whether `line` matches, within what is left of the call's time budget.
+
+    Raises:
+        BudgetSpent: No time is left, or this line's search took the rest of it.
+    """
+    remaining = budget.left()
+    if remaining <= 0:
+        raise BudgetSpent(pathological=False)
     try:
-        remaining = max(deadline - time.monotonic(), 0.001)
         # concurrent: the engine lets other threads run while it searches.
         return compiled.search(line, timeout=remaining, concurrent=True) is not None
     except TimeoutError as error:
-        raise FileAccessError(
-            f"The search was stopped after {GREP_SECONDS:g} s; use a simpler pattern "
-            "(nested repetition such as (a|aa)+ can take hours on long lines)."
-        ) from error
+        raise BudgetSpent(pathological=True) from error
+
+
+def _stopped_message(seconds: float, shown_path: str, line: int, pathological: bool) -> str:
+    """What the model reads when its search ran out of time: where, and what to do."""
+    where = f"line {line} of {shown_path}"
+    if pathological:
+        return (
+            f"The search stopped after {seconds:g} s (its time limit) at {where}: that line "
+            "alone took the rest of the time. Use a simpler pattern (nested repetition such "
+            "as (a|aa)+ can take hours on long lines); lines and files after it were not "
+            "searched."
+        )
+    return (
+        f"The search stopped after {seconds:g} s (its time limit) at {where}; lines and files "
+        "after it were not searched. Search a narrower path or glob to cover the rest."
+    )
 
 
 def _head(path: Path) -> bytes:
@@ -415,8 +463,10 @@ class UserDataFiles:
         matches: list[dict[str, Any]] = []
         skipped: list[dict[str, str]] = []
         searched = 0
-        budget = MAX_GREP_TOTAL_BYTES
+        bytes_left = MAX_GREP_TOTAL_BYTES
         truncated = False
+        stopped: dict[str, Any] | None = None
+        budget = SearchBudget(GREP_SECONDS)
         targets = []
         for walked in self._grep_targets(virtual_path):
             if name_matcher is not None:
@@ -424,8 +474,9 @@ class UserDataFiles:
                 if not name_matcher.fullmatch(candidate):
                     continue
             targets.append(walked)
+        waited_from = time.monotonic()
         texts = self._grep_texts(targets, skipped)
-        deadline = time.monotonic() + GREP_SECONDS  # after any wait for conversions
+        budget.extend(time.monotonic() - waited_from)  # conversions have their own wait
         for walked in targets:
             text_path = texts.get(walked.virtual_path, walked.real_path)
             if text_path is None:
@@ -435,26 +486,36 @@ class UserDataFiles:
                 walked.virtual_path not in texts and _is_binary(text_path)
             ):
                 continue
-            if size > budget:
+            if size > bytes_left:
                 truncated = True
+                stopped = {"path": neutralize(walked.virtual_path), "reason": "size"}
                 break
-            budget -= size
+            bytes_left -= size
             searched += 1
-            with text_path.open(encoding="utf-8", errors="replace") as handle:
-                for number, raw in enumerate(handle, start=1):
-                    line = _clip(raw)
-                    if not _matches(compiled, line, deadline):
-                        continue
-                    if len(matches) == limit:
-                        truncated = True
-                        break
-                    matches.append(
-                        {
-                            "path": neutralize(walked.virtual_path),
-                            "line": number,
-                            "text": neutralize(line.strip(), keep_tabs=True),
-                        }
-                    )
+            number = 0
+            try:
+                with text_path.open(encoding="utf-8", errors="replace") as handle:
+                    for number, raw in enumerate(handle, start=1):
+                        line = _clip(raw)
+                        if not _matches(compiled, line, budget):
+                            continue
+                        if len(matches) == limit:
+                            truncated = True
+                            break
+                        matches.append(
+                            {
+                                "path": neutralize(walked.virtual_path),
+                                "line": number,
+                                "text": neutralize(line.strip(), keep_tabs=True),
+                            }
+                        )
+            except BudgetSpent as spent:
+                truncated = True
+                shown = neutralize(walked.virtual_path)
+                stopped = {"path": shown, "line": number, "reason": "time"}
+                stopped["message"] = _stopped_message(
+                    budget.seconds, shown, number, spent.pathological
+                )
             if truncated:
                 break
         result: dict[str, Any] = {
@@ -466,7 +527,15 @@ class UserDataFiles:
             result["skipped"] = skipped
         if truncated:
             result["truncated"] = True
-        if not matches:
+        if stopped is not None:
+            result["message"] = stopped.pop(
+                "message",
+                f"The search stopped before {stopped['path']}: together the files searched "
+                f"reached {MAX_GREP_TOTAL_BYTES // (1024 * 1024)} MiB. Search a narrower path "
+                "or glob to cover the rest.",
+            )
+            result["stopped_at"] = stopped
+        elif not matches:
             result["message"] = "No matches found."
         return result
 

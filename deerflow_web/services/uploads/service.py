@@ -47,6 +47,7 @@ from deerflow_web.storage.filenames import ClaimedNames
 from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.filenames import normalize_filename
+from deerflow_web.storage.filenames import reported_original
 from deerflow_web.storage.local import AtomicCommit
 from deerflow_web.storage.local import FileFacts
 from deerflow_web.storage.local import StagingFile
@@ -176,7 +177,7 @@ class _UploadBatch:
             return
         self._ensure_folder()
         staging = StagingFile(self.folder)
-        item = _Staged(claimed, name if claimed != name else None, staging)
+        item = _Staged(claimed, reported_original(incoming.filename, claimed), staging)
         self.staged.append(item)
         self._stream(incoming, item, staging)
 
