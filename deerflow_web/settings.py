@@ -206,6 +206,9 @@ class Settings:
     # Signs sessions and CSRF tokens; every instance needs the same one (SPEC 9). None: the
     # key generated once into the data dir, which every instance on the volume reads.
     secret_key: str | None = None
+    # A group (name or gid) that may read the data dir's thread files, for a sandbox that
+    # runs as another user in it; None: everything is the service's user's only.
+    storage_group: str | None = None
 
 
 def _optional_string(value: object) -> str | None:
@@ -415,4 +418,5 @@ def load_settings(
         ),
         connections=ConnectionLimits.from_mapping(server),
         secret_key=env.get("SECRET_KEY") or _optional_string(server.get("secret_key")),
+        storage_group=_optional_string(str(_section(config, "storage").get("group") or "")),
     )

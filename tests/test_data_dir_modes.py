@@ -8,6 +8,7 @@ where anything left to the umask would come out group- and world-writable.
 
 from __future__ import annotations
 
+import grp
 import os
 import stat
 from collections.abc import Iterator
@@ -16,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from deerflow_web.errors import ConfigError
 from deerflow_web.models import Area
 from deerflow_web.storage.database import DATABASE_FILE
 from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import use_storage_group
 from deerflow_web.web.wiring import SECRET_KEY_FILE
 from tests.conftest import UploadActions
 from tests.conftest import thread_dir
@@ -120,3 +123,46 @@ def test_new_folders_are_private_and_an_old_open_area_is_tightened(tmp_path: Pat
     paths.ensure_thread_dirs("t", "u")
     assert mode(outputs) == 0o700
     assert open_to_others(tmp_path / "data") == []
+
+
+@pytest.fixture
+def storage_group(tmp_path: Path) -> Iterator[grp.struct_group]:
+    """A group other than the service's own; the process-wide modes are reset afterwards."""
+    group = next((g for g in grp.getgrall() if g.gr_gid != os.getgid()), None)
+    if group is None:
+        pytest.skip("this machine has no second group")
+    try:
+        yield group
+    finally:
+        use_storage_group(None)
+
+
+def test_with_a_storage_group_thread_files_are_readable_by_that_group_only(
+    make_app: Any, base_dir: Path, tmp_path: Path, storage_group: grp.struct_group
+) -> None:
+    config = tmp_path / "group.yaml"
+    config.write_text(f"storage:\n  group: {storage_group.gr_name}\n", encoding="utf-8")
+    client = make_app(CONFIG_PATH=str(config)).test_client()
+    assert UploadActions(client).upload("T", (b"hello", "a.txt")).status_code == 200
+    assert client.post("/threads").status_code == 302
+    assert mode(base_dir) == 0o2750 and base_dir.stat().st_gid == storage_group.gr_gid
+    secrets = {base_dir / SECRET_KEY_FILE, base_dir / DATABASE_FILE}
+    secrets |= {base_dir / f"{DATABASE_FILE}{suffix}" for suffix in ("-wal", "-shm")}
+    for root, folders, files in os.walk(base_dir):
+        for name in folders:
+            folder = Path(root) / name
+            assert mode(folder) == 0o2750, folder
+            assert folder.stat().st_gid == storage_group.gr_gid, folder
+        for name in files:
+            path = Path(root) / name
+            assert mode(path) == (0o600 if path in secrets else 0o640), path
+    assert mode(uploads_dir(base_dir, "T") / "a.txt") == 0o640
+    assert (uploads_dir(base_dir, "T") / "a.txt").stat().st_gid == storage_group.gr_gid
+
+
+def test_an_unknown_storage_group_stops_start_up(make_app: Any, tmp_path: Path) -> None:
+    config = tmp_path / "group.yaml"
+    config.write_text("storage:\n  group: no-such-group-here\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="no group named 'no-such-group-here'"):
+        make_app(CONFIG_PATH=str(config))
+    use_storage_group(None)

@@ -10,6 +10,7 @@ instead of leading the app outside the data dir.
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import os
 import re
@@ -54,13 +55,37 @@ class StorageModes(NamedTuple):
 # The service's own user only. The database and the secret key are `SECRET_FILE_MODE`
 # whatever `storage_modes()` says: no sandbox has any business reading them.
 PRIVATE_MODES = StorageModes(folder=0o700, file=0o600)
+# With `storage.group`: readable by that group (a sandbox running as another user in it).
+# The setgid bit makes everything created below the data dir belong to the group.
+GROUP_MODES = StorageModes(folder=0o2750, file=0o640)
 SECRET_FILE_MODE = 0o600
 _modes = PRIVATE_MODES
+_group: int | None = None
 
 
 def storage_modes() -> StorageModes:
     """The modes this process creates folders and files with."""
     return _modes
+
+
+def use_storage_group(group: str | int | None) -> None:
+    """Create everything private (None), or readable by `group` (a name or a gid).
+
+    A process-wide choice, as the umask is: made once at start-up from `storage.group`,
+    by the web app and by the agent side, so every writer in the process agrees.
+
+    Raises:
+        ConfigError: No such group.
+    """
+    global _modes, _group
+    if group is None or group == "":
+        _modes, _group = PRIVATE_MODES, None
+        return
+    try:
+        gid = int(group) if str(group).isdigit() else grp.getgrnam(str(group)).gr_gid
+    except KeyError as error:
+        raise ConfigError(f"storage.group: there is no group named {group!r}") from error
+    _modes, _group = GROUP_MODES, gid
 
 
 def make_private_dir(path: Path) -> None:
@@ -89,8 +114,11 @@ def secure_data_dir(base_dir: Path) -> None:
     large data dir at each start would cost minutes.
     """
     make_private_dir(base_dir)
-    if stat.S_IMODE(os.stat(base_dir).st_mode) != storage_modes().folder:
-        os.chmod(base_dir, storage_modes().folder)
+    info = os.stat(base_dir)
+    if _group is not None and info.st_gid != _group:
+        os.chown(base_dir, -1, _group)  # the service's user must be a member of the group
+    if stat.S_IMODE(info.st_mode) != storage_modes().folder or _group is not None:
+        os.chmod(base_dir, storage_modes().folder)  # after chown, which clears setgid
 
 
 def tighten_secret_file(path: Path) -> None:

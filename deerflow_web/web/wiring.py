@@ -28,6 +28,7 @@ from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.paths import make_private_dir
 from deerflow_web.storage.paths import secure_data_dir
 from deerflow_web.storage.paths import tighten_secret_file
+from deerflow_web.storage.paths import use_storage_group
 
 EXTENSION_KEY = "deerflow_web"
 SECRET_KEY_FILE = "secret_key"
@@ -104,6 +105,7 @@ def persistent_secret_key(base_dir: Path) -> str:
 
 def init_app(app: Flask, settings: Settings) -> None:
     """Attach the services and clear what a killed server left half-written."""
+    use_storage_group(settings.storage_group)
     secure_data_dir(settings.base_dir)
     services = Services(settings)
     services.resumable.sweep_expired()
