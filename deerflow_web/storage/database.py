@@ -50,7 +50,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError
 
 from deerflow_web.storage.paths import SECRET_FILE_MODE
-from deerflow_web.storage.paths import make_private_dir
+from deerflow_web.storage.paths import make_dirs_with_mode
 from deerflow_web.storage.paths import tighten_secret_file
 
 DATABASE_FILE = "deerflow.sqlite3"
@@ -302,7 +302,7 @@ def _private_sqlite_file(path: Path) -> None:
     It holds password hashes, emails and token hashes. SQLite itself would create it 0644
     less the umask, and gives its -wal and -shm files the database file's mode.
     """
-    make_private_dir(path.parent)
+    make_dirs_with_mode(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, SECRET_FILE_MODE)
     os.close(fd)  # an empty file is an empty database to SQLite
     for name in (path.name, *(path.name + suffix for suffix in SQLITE_JOURNALS)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -35,6 +36,8 @@ USER_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 _UNSAFE_USER_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 DEFAULT_USER_ID = "default"
+
+logger = logging.getLogger(__name__)
 
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -88,7 +91,7 @@ def use_storage_group(group: str | int | None) -> None:
     _modes, _group = GROUP_MODES, gid
 
 
-def make_private_dir(path: Path) -> None:
+def make_dirs_with_mode(path: Path) -> None:
     """Create `path` and any missing parents with the folder mode (an existing folder is
     left as it is: it may be someone else's, like /srv)."""
     missing = []
@@ -113,12 +116,18 @@ def secure_data_dir(base_dir: Path) -> None:
     cannot enter hides what it holds whatever their modes, and walking every file of a
     large data dir at each start would cost minutes.
     """
-    make_private_dir(base_dir)
+    make_dirs_with_mode(base_dir)
     info = os.stat(base_dir)
     if _group is not None and info.st_gid != _group:
-        os.chown(base_dir, -1, _group)  # the service's user must be a member of the group
+        try:
+            os.chown(base_dir, -1, _group)
+        except PermissionError as error:
+            raise ConfigError(
+                f"storage.group: cannot give {base_dir} to group {_group}; the service's "
+                "user must own the data dir and be a member of the group"
+            ) from error
     if stat.S_IMODE(info.st_mode) != storage_modes().folder or _group is not None:
-        os.chmod(base_dir, storage_modes().folder)  # after chown, which clears setgid
+        _chmod_own(base_dir, storage_modes().folder)  # after chown, which clears setgid
 
 
 def tighten_secret_file(path: Path) -> None:
@@ -129,7 +138,21 @@ def tighten_secret_file(path: Path) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) != SECRET_FILE_MODE:
-        os.chmod(path, SECRET_FILE_MODE)
+        _chmod_own(path, SECRET_FILE_MODE)
+
+
+def _chmod_own(path: Path, mode: int) -> None:
+    """chmod, or a warning when the path belongs to another user (a volume mounted by
+    root, say): the app still starts, and the warning says what to fix."""
+    try:
+        os.chmod(path, mode)
+    except PermissionError:
+        logger.warning(
+            "%s is %o and belongs to another user: it cannot be made %o; fix it by hand",
+            path,
+            stat.S_IMODE(os.stat(path).st_mode),
+            mode,
+        )
 
 
 def validate_thread_id(thread_id: object) -> str:
@@ -236,7 +259,7 @@ class ThreadPaths:
             UnsafeFolder: A component is a symlink or not a folder; nothing is created
                 through it.
         """
-        make_private_dir(self.base_dir)
+        make_dirs_with_mode(self.base_dir)
         return self._walk(path, create=True, mode=mode)
 
     def _walk(self, path: Path, *, create: bool, mode: int | None = None) -> list[Path]:

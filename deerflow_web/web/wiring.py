@@ -25,7 +25,7 @@ from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.migrate import open_database
-from deerflow_web.storage.paths import make_private_dir
+from deerflow_web.storage.paths import make_dirs_with_mode
 from deerflow_web.storage.paths import secure_data_dir
 from deerflow_web.storage.paths import tighten_secret_file
 from deerflow_web.storage.paths import use_storage_group
@@ -90,7 +90,7 @@ def persistent_secret_key(base_dir: Path) -> str:
     if path.exists():
         tighten_secret_file(path)
         return path.read_text(encoding="ascii").strip()
-    make_private_dir(base_dir)
+    make_dirs_with_mode(base_dir)
     handle, temporary = tempfile.mkstemp(dir=base_dir, prefix=".secret-")  # mode 0600
     try:
         with os.fdopen(handle, "w", encoding="ascii") as file:
