@@ -25,7 +25,8 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 
 # gevent workers (web/server.py) hold each connection in a greenlet, so hundreds of slow
 # uploads and downloads wait without taking a thread each; the worker adds back kernel
-# sendfile and the idle timeout. Several workers share one data dir (the records database
+# sendfile, the idle timeout, the minimum body rate and the cap per client address
+# (server.* in config.yaml). Several workers share one data dir (the records database
 # allows it). One access-log line per request, with its duration in milliseconds.
 # The bound address joins the hosts the app answers for (server.allowed_hosts).
 run: $(VENV)/.runtime

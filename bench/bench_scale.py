@@ -309,8 +309,11 @@ def run(args: argparse.Namespace) -> int:
     root = bu.pick_root(args.data_root)
     config = root / "config.yaml"
     limit = 2 * sizes.big + 64 * MiB
+    # 500 clients from one loopback address: more than the default per-address cap.
     config.write_text(
-        f"uploads:\n  max_file_size: {limit}\n  max_total_size: {limit}\n", encoding="utf-8"
+        f"uploads:\n  max_file_size: {limit}\n  max_total_size: {limit}\n"
+        "server:\n  max_connections_per_address: 0\n",
+        encoding="utf-8",
     )
     targets: list[bu.Target] = []
     checks: list[tuple[str, bool]] = []

@@ -77,10 +77,11 @@ class MalformedUpload(UploadError):
 
 
 class RequestTimedOut(UploadError):
-    """The client sent nothing for longer than `server.idle_timeout_seconds`."""
+    """The client sent nothing for longer than `server.idle_timeout_seconds`, or sent its
+    body slower than the server's minimum rate (`message` then says which)."""
 
-    def __init__(self) -> None:
-        super().__init__("The client sent nothing for too long; the request was dropped")
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or "The client sent nothing for too long; the request was dropped")
 
 
 class TooManyFiles(UploadError):

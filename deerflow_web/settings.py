@@ -78,6 +78,68 @@ class ResumableSettings:
 
 
 @dataclass(frozen=True)
+class ConnectionLimits:
+    """How much of a worker one slow or greedy client may hold (`server.*`, web/server.py).
+
+    The idle timeout only catches silence; a body sent a byte at a time never is. These
+    bound the rest: a minimum body rate, a short deadline and a small body for the routes
+    reached before signing in, and a cap on one client address's connections.
+    """
+
+    # After `min_body_rate_grace_seconds`, a request body must have brought at least this
+    # many bytes per second over the last `min_body_rate_window_seconds` (or since the
+    # request began, when that is shorter); 0 switches the check off.
+    min_body_rate_bytes: int = 1024
+    min_body_rate_window_seconds: float = 30.0
+    min_body_rate_grace_seconds: float = 10.0
+    # The routes reached without signing in (sign-in, setup, registration): headers and
+    # body within this many seconds, a body of at most this many bytes.
+    unauthenticated_request_seconds: float = 10.0
+    unauthenticated_max_body_bytes: int = 64 * 1024
+    # Connections one client address may hold open in one worker process (behind trusted
+    # proxies: requests of one forwarded client); 0 means no cap.
+    max_connections_per_address: int = 100
+
+    @classmethod
+    def from_mapping(cls, server: Mapping[str, Any]) -> ConnectionLimits:
+        """Read the `server.*` keys; invalid values fall back with a warning."""
+
+        def positive(key: str, default: float) -> Any:
+            return positive_setting(server, key, default, section_name="server")
+
+        return cls(
+            min_body_rate_bytes=_count_or_off(
+                server, "min_body_rate_bytes", cls.min_body_rate_bytes
+            ),
+            min_body_rate_window_seconds=positive(
+                "min_body_rate_window_seconds", cls.min_body_rate_window_seconds
+            ),
+            min_body_rate_grace_seconds=positive(
+                "min_body_rate_grace_seconds", cls.min_body_rate_grace_seconds
+            ),
+            unauthenticated_request_seconds=positive(
+                "unauthenticated_request_seconds", cls.unauthenticated_request_seconds
+            ),
+            unauthenticated_max_body_bytes=positive(
+                "unauthenticated_max_body_bytes", cls.unauthenticated_max_body_bytes
+            ),
+            max_connections_per_address=_count_or_off(
+                server, "max_connections_per_address", cls.max_connections_per_address
+            ),
+        )
+
+
+def _count_or_off(section: Mapping[str, Any], key: str, default: int) -> int:
+    """A whole number >= 0 (0: off); anything else falls back to `default` with a warning."""
+    raw = section.get(key)
+    if raw is None:
+        return default
+    if raw is False or str(raw).strip() == "0":
+        return 0
+    return positive_setting(section, key, default, section_name="server")
+
+
+@dataclass(frozen=True)
 class AuthSettings:
     """Accounts (SPEC 7.1): on unless DEER_FLOW_AUTH_DISABLED=1 or `auth.enabled: false`."""
 
@@ -140,9 +202,13 @@ class Settings:
     # A connection that sends or receives nothing for this long is dropped: a stalled
     # upload (its staging file removed), a download nobody reads, headers that never end.
     idle_timeout_seconds: float = 60.0
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Signs sessions and CSRF tokens; every instance needs the same one (SPEC 9). None: the
     # key generated once into the data dir, which every instance on the volume reads.
     secret_key: str | None = None
+    # A group (name or gid) that may read the data dir's thread files, for a sandbox that
+    # runs as another user in it; None: everything is the service's user's only.
+    storage_group: str | None = None
 
 
 def _optional_string(value: object) -> str | None:
@@ -350,5 +416,7 @@ def load_settings(
         idle_timeout_seconds=positive_setting(
             server, "idle_timeout_seconds", Settings.idle_timeout_seconds
         ),
+        connections=ConnectionLimits.from_mapping(server),
         secret_key=env.get("SECRET_KEY") or _optional_string(server.get("secret_key")),
+        storage_group=_optional_string(str(_section(config, "storage").get("group") or "")),
     )

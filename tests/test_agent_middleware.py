@@ -78,13 +78,13 @@ def test_invalid_thread_id_is_rejected_in_both_modes(tmp_path: Path, lazy: bool)
     assert not (tmp_path / "threads").exists() and not (tmp_path / "users").exists()
 
 
-def test_eager_mode_creates_the_three_folders_world_writable(tmp_path: Path) -> None:
+def test_eager_mode_creates_the_three_folders_private(tmp_path: Path) -> None:
     result = ThreadDataMiddleware(base_dir=tmp_path, lazy_init=False).before_agent(
         {"messages": []}, make_runtime({"thread_id": T})
     )
     for path in result["thread_data"].values():
         assert Path(path).is_dir()
-        assert stat.S_IMODE(Path(path).stat().st_mode) == 0o777
+        assert stat.S_IMODE(Path(path).stat().st_mode) == 0o700
 
 
 def test_last_human_message_is_stamped_as_a_copy(tmp_path: Path) -> None:

@@ -121,7 +121,7 @@ def test_unicode_round_trips_as_utf8(docs: Path) -> None:
     assert "收入增长 ✓".encode() in data
 
 
-def test_success_replaces_destination_atomically_with_mode_0644(docs: Path) -> None:
+def test_success_replaces_destination_atomically_with_mode_0600(docs: Path) -> None:
     source = make_docx(docs / "report.docx")
     destination = docs / "report.md"
     destination.write_text("old", encoding="utf-8")
@@ -129,7 +129,7 @@ def test_success_replaces_destination_atomically_with_mode_0644(docs: Path) -> N
     convert(source)
 
     assert "# Quarterly Report" in destination.read_text(encoding="utf-8")
-    assert stat.S_IMODE(destination.stat().st_mode) == 0o644
+    assert stat.S_IMODE(destination.stat().st_mode) == 0o600
     assert sorted(p.name for p in docs.iterdir()) == ["report.docx", "report.md"]
 
 

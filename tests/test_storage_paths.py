@@ -54,13 +54,13 @@ def test_layouts(tmp_path: Path) -> None:
     assert not (tmp_path / "threads").exists()  # computing a path creates nothing
 
 
-def test_ensure_thread_dirs_creates_writable_areas(tmp_path: Path) -> None:
+def test_ensure_thread_dirs_creates_private_areas(tmp_path: Path) -> None:
     paths = ThreadPaths(tmp_path)
     paths.ensure_thread_dirs("t1")
     for area in Area:
         folder = paths.area_dir("t1", area)
         assert folder.is_dir()
-        assert folder.stat().st_mode & 0o777 == 0o777
+        assert folder.stat().st_mode & 0o7777 == 0o700
     paths.delete_thread_dir("t1")
     assert not paths.thread_dir("t1").exists()
     paths.delete_thread_dir("t1")  # a missing thread is a no-op

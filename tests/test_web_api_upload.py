@@ -328,11 +328,9 @@ def test_skipped_name_stays_claimed(uploads: UploadActions, base_dir: Path, tmp_
     assert [f["filename"] for f in files] == ["v_1.txt"]
 
 
-def test_uploaded_files_are_group_and_world_readable(
-    uploads: UploadActions, base_dir: Path
-) -> None:
+def test_uploaded_files_are_the_service_users_only(uploads: UploadActions, base_dir: Path) -> None:
     uploads.upload("T", (b"x", "a.txt"))
-    assert (uploads_dir(base_dir, "T") / "a.txt").stat().st_mode & 0o777 == 0o644
+    assert (uploads_dir(base_dir, "T") / "a.txt").stat().st_mode & 0o777 == 0o600
 
 
 def test_empty_file_is_valid(uploads: UploadActions) -> None:

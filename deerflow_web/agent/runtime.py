@@ -15,6 +15,7 @@ from typing import Any
 from langchain_core.runnables.config import var_child_runnable_config
 
 from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import use_storage_group
 
 
 def resolve_thread_paths(
@@ -28,7 +29,9 @@ def resolve_thread_paths(
         return ThreadPaths(base_dir)
     from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
 
-    return ThreadPaths(load_settings().base_dir)
+    settings = load_settings()
+    use_storage_group(settings.storage_group)  # the folders it creates: as the app's
+    return ThreadPaths(settings.base_dir)
 
 
 def context_value(runtime: Any, key: str) -> Any:

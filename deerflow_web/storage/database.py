@@ -20,6 +20,7 @@ eight runs, the retries of 500 writers in the way; with one poller per process, 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -48,7 +49,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError
 
+from deerflow_web.storage.paths import SECRET_FILE_MODE
+from deerflow_web.storage.paths import make_dirs_with_mode
+from deerflow_web.storage.paths import tighten_secret_file
+
 DATABASE_FILE = "deerflow.sqlite3"
+SQLITE_JOURNALS = ("-wal", "-shm", "-journal")
 BUSY_SLICE_SECONDS = 0.0  # what SQLite's own (blocking) busy handler gets: nothing
 BUSY_TIMEOUT_SECONDS = 60  # how long a writer waits for SQLite's write lock, in Python sleeps
 BUSY_RETRY_MAX_SECONDS = 0.005  # the longest of those sleeps (see _retry_busy)
@@ -273,7 +279,7 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "begin", _sqlite_begin)
         _writers_gates[engine] = threading.RLock()  # created now: cooperative under gevent
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            _private_sqlite_file(Path(url.removeprefix("sqlite:///")))
     else:
         connect_args: dict[str, Any] = {}
         if url.startswith("postgresql"):
@@ -287,6 +293,20 @@ def make_engine(url: str) -> Engine:
             pool_timeout=CONNECT_TIMEOUT_SECONDS * 2,
         )
     return engine
+
+
+def _private_sqlite_file(path: Path) -> None:
+    """Create the database file with `SECRET_FILE_MODE` before SQLite opens it, or tighten
+    it and its journals (an earlier release left them 0644).
+
+    It holds password hashes, emails and token hashes. SQLite itself would create it 0644
+    less the umask, and gives its -wal and -shm files the database file's mode.
+    """
+    make_dirs_with_mode(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, SECRET_FILE_MODE)
+    os.close(fd)  # an empty file is an empty database to SQLite
+    for name in (path.name, *(path.name + suffix for suffix in SQLITE_JOURNALS)):
+        tighten_secret_file(path.with_name(name))
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from deerflow_web.concurrency import start_beside
 from deerflow_web.storage.paths import STAGING_PREFIX
 from deerflow_web.storage.paths import STAGING_SUFFIX
 from deerflow_web.storage.paths import is_staging_name
+from deerflow_web.storage.paths import storage_modes
 from deerflow_web.storage.sniff import SNIFF_BYTES
 from deerflow_web.storage.sniff import sniff_content_type
 
@@ -147,9 +148,9 @@ class StagingFile:
             hashing()
 
     def finish(self, filename: str) -> tuple[str, str]:
-        """Make the file readable by a sandbox user; return (sha256, content type)."""
+        """Give the file the data dir's file mode; return (sha256, content type)."""
         self._wait_for_hash()
-        os.fchmod(self._fd, 0o644)
+        os.fchmod(self._fd, storage_modes().file)
         return self._hash.hexdigest(), sniff_content_type(bytes(self._head), filename)
 
     def close(self) -> None:

@@ -10,13 +10,17 @@ instead of leading the app outside the data dir.
 
 from __future__ import annotations
 
+import grp
 import hashlib
+import logging
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterator
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from deerflow_web.errors import ArtifactPrefixError
 from deerflow_web.errors import ConfigError
@@ -33,7 +37,122 @@ _UNSAFE_USER_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 DEFAULT_USER_ID = "default"
 
+logger = logging.getLogger(__name__)
+
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class StorageModes(NamedTuple):
+    """The permission bits of everything the app creates in the data dir.
+
+    The data dir holds password hashes, emails, session keys and every user's files, so
+    nothing in it is ever readable by other users of the machine, let alone writable. The
+    modes are set explicitly (at creation and again with fchmod), never left to the umask:
+    a service started with umask 000 creates the same modes as one with 077.
+    """
+
+    folder: int  # the data dir and every folder below it, the thread areas included
+    file: int  # uploads, tus uploads, conversion companions, their staging files
+
+
+# The service's own user only. The database and the secret key are `SECRET_FILE_MODE`
+# whatever `storage_modes()` says: no sandbox has any business reading them.
+PRIVATE_MODES = StorageModes(folder=0o700, file=0o600)
+# With `storage.group`: readable by that group (a sandbox running as another user in it).
+# The setgid bit makes everything created below the data dir belong to the group.
+GROUP_MODES = StorageModes(folder=0o2750, file=0o640)
+SECRET_FILE_MODE = 0o600
+_modes = PRIVATE_MODES
+_group: int | None = None
+
+
+def storage_modes() -> StorageModes:
+    """The modes this process creates folders and files with."""
+    return _modes
+
+
+def use_storage_group(group: str | int | None) -> None:
+    """Create everything private (None), or readable by `group` (a name or a gid).
+
+    A process-wide choice, as the umask is: made once at start-up from `storage.group`,
+    by the web app and by the agent side, so every writer in the process agrees.
+
+    Raises:
+        ConfigError: No such group.
+    """
+    global _modes, _group
+    if group is None or group == "":
+        _modes, _group = PRIVATE_MODES, None
+        return
+    try:
+        gid = int(group) if str(group).isdigit() else grp.getgrnam(str(group)).gr_gid
+    except KeyError as error:
+        raise ConfigError(f"storage.group: there is no group named {group!r}") from error
+    _modes, _group = GROUP_MODES, gid
+
+
+def make_dirs_with_mode(path: Path) -> None:
+    """Create `path` and any missing parents with the folder mode (an existing folder is
+    left as it is: it may be someone else's, like /srv)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, storage_modes().folder)
+        except FileExistsError:
+            continue  # created by another process meanwhile; its creator set the mode
+        os.chmod(folder, storage_modes().folder)  # mkdir's mode passes through the umask
+
+
+def secure_data_dir(base_dir: Path) -> None:
+    """Create the data dir with the folder mode, or tighten an existing one at start-up.
+
+    Only the data dir itself is changed (its secret files are tightened by their owners,
+    `tighten_secret_file`): it is the gate to everything below, since a folder others
+    cannot enter hides what it holds whatever their modes, and walking every file of a
+    large data dir at each start would cost minutes.
+    """
+    make_dirs_with_mode(base_dir)
+    info = os.stat(base_dir)
+    if _group is not None and info.st_gid != _group:
+        try:
+            os.chown(base_dir, -1, _group)
+        except PermissionError as error:
+            raise ConfigError(
+                f"storage.group: cannot give {base_dir} to group {_group}; the service's "
+                "user must own the data dir and be a member of the group"
+            ) from error
+    if stat.S_IMODE(info.st_mode) != storage_modes().folder or _group is not None:
+        _chmod_own(base_dir, storage_modes().folder)  # after chown, which clears setgid
+
+
+def tighten_secret_file(path: Path) -> None:
+    """`SECRET_FILE_MODE` for a file holding secrets, if it exists (the database and its
+    journals, the session key): an earlier release wrote them 0644."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) != SECRET_FILE_MODE:
+        _chmod_own(path, SECRET_FILE_MODE)
+
+
+def _chmod_own(path: Path, mode: int) -> None:
+    """chmod, or a warning when the path belongs to another user (a volume mounted by
+    root, say): the app still starts, and the warning says what to fix."""
+    try:
+        os.chmod(path, mode)
+    except PermissionError:
+        logger.warning(
+            "%s is %o and belongs to another user: it cannot be made %o; fix it by hand",
+            path,
+            stat.S_IMODE(os.stat(path).st_mode),
+            mode,
+        )
 
 
 def validate_thread_id(thread_id: object) -> str:
@@ -133,13 +252,14 @@ class ThreadPaths:
         """Create `path` and its missing parents below the base dir, never through a link.
 
         Returns the folders created, innermost first, so a rollback can remove them in
-        order. `mode` is applied to `path` itself (through its descriptor, not its name).
+        order. Every folder created gets `storage_modes().folder`; `mode` is applied to
+        `path` itself even when it existed (through its descriptor, not its name).
 
         Raises:
             UnsafeFolder: A component is a symlink or not a folder; nothing is created
                 through it.
         """
-        self.base_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs_with_mode(self.base_dir)
         return self._walk(path, create=True, mode=mode)
 
     def _walk(self, path: Path, *, create: bool, mode: int | None = None) -> list[Path]:
@@ -152,11 +272,14 @@ class ThreadPaths:
         except FileNotFoundError:
             return created
         try:
+            folder_mode = storage_modes().folder
             for depth, part in enumerate(parts, start=1):
+                made = False
                 if create:
                     try:
-                        os.mkdir(part, 0o777, dir_fd=fd)  # mkdir never follows a final link
+                        os.mkdir(part, folder_mode, dir_fd=fd)  # never follows a final link
                         created.append(self.base_dir.joinpath(*parts[:depth]))
+                        made = True
                     except FileExistsError:
                         pass
                 try:
@@ -167,6 +290,8 @@ class ThreadPaths:
                     raise UnsafeFolder("/".join(parts[:depth])) from error
                 os.close(fd)
                 fd = child
+                if made:
+                    os.fchmod(fd, folder_mode)  # mkdir's mode passes through the umask
             if mode is not None:
                 os.fchmod(fd, mode)
         finally:
@@ -213,11 +338,11 @@ class ThreadPaths:
         return self.area_dir(thread_id, Area.UPLOADS, user_id)
 
     def ensure_thread_dirs(self, thread_id: str, user_id: str | None = None) -> None:
-        """Create workspace/, uploads/ and outputs/, writable by a sandbox user (SPEC 1.6)."""
+        """Create workspace/, uploads/ and outputs/ with the folder mode (an existing area
+        left more open by an earlier release is tightened on the way)."""
         user_data = self._thread_dir(thread_id, user_id) / "user-data"
         for area in Area:
-            # mkdir honours the umask; a sandbox may run as another user
-            self.make_dirs(user_data / area.value, mode=0o777)
+            self.make_dirs(user_data / area.value, mode=storage_modes().folder)
 
     def delete_thread_dir(self, thread_id: str, user_id: str | None = None) -> None:
         """Remove the thread's whole folder; a missing one is fine."""

@@ -26,6 +26,7 @@ from sqlalchemy import update
 from deerflow_web.models import ResumableUpload
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import write_transaction
+from deerflow_web.storage.paths import storage_modes
 
 STAGING_PREFIX = ".upload-tus-"
 STAGING_SUFFIX = ".part"
@@ -233,8 +234,8 @@ class ResumableStaging:
         os.ftruncate(self._fd, size)
 
     def make_readable(self) -> None:
-        """Committed files are readable by a sandbox user, like multipart ones."""
-        os.fchmod(self._fd, 0o644)
+        """Committed files get the data dir's file mode, like multipart ones."""
+        os.fchmod(self._fd, storage_modes().file)
 
     def close(self) -> None:
         """Release the lock; safe to call twice."""

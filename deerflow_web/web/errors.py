@@ -63,6 +63,8 @@ from deerflow_web.errors import UserNotFound
 from deerflow_web.errors import WeakPassword
 from deerflow_web.errors import WrongPassword
 from deerflow_web.storage.database import is_unavailable
+from deerflow_web.web.request_body import BodyTooSlow
+from deerflow_web.web.request_body import timed_out
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +146,17 @@ def client_fault(error: BaseException) -> str | None:
     return None
 
 
+def body_too_slow(error: BaseException) -> BodyTooSlow | None:
+    """The worker's cut of a body that came too slowly, anywhere in the chain of causes
+    (Werkzeug's form parsing turns it into a 400 "client disconnected")."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, BodyTooSlow):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def database_unreachable(error: BaseException) -> bool:
     """Whether the failure is the database being out of reach (a restart, a failover, a
     network cut), anywhere in the chain of causes: the request may simply be retried."""
@@ -192,6 +205,8 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)  # routing 404/405, 413 from the server, CSRF, 416
     def handle_http_error(error: HTTPException) -> ResponseReturnValue:
+        if (slow := body_too_slow(error)) is not None:  # Werkzeug's "client disconnected"
+            return render_error(408, str(timed_out(slow)))
         status = error.code or 500
         message = (
             HTTP_STATUS_CODES.get(status, "Error") if status in (404, 405) else error.description
@@ -203,6 +218,8 @@ def register_error_handlers(app: Flask) -> None:
     def handle_unexpected(error: Exception) -> ResponseReturnValue:
         if (fault := client_fault(error)) is not None:
             return render_error(400, fault)
+        if (slow := body_too_slow(error)) is not None:
+            return render_error(408, str(timed_out(slow)))
         if database_unreachable(error):
             logger.warning("request failed: database unreachable: %s", error)
             return render_error(

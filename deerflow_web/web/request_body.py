@@ -24,6 +24,19 @@ from deerflow_web.errors import RequestTimedOut
 CUT_OFF = "The upload was cut off before the request body ended"
 
 
+class BodyTooSlow(TimeoutError):
+    """The server's worker cut a request whose body came too slowly (web/server.py).
+
+    A `TimeoutError`, as the idle timeout's is, so every reader that stops at one stops at
+    this too; its message says what was too slow.
+    """
+
+
+def timed_out(error: BaseException) -> RequestTimedOut:
+    """The 408 for a read that the connection's idle timeout or minimum rate stopped."""
+    return RequestTimedOut(str(error) if isinstance(error, BodyTooSlow) else None)
+
+
 class RequestBody(Protocol):
     def readinto(self, buffer: memoryview) -> int:
         """Fill the start of `buffer`; return the count, 0 only once the body has ended."""
@@ -46,8 +59,8 @@ class WsgiBody:
             return 0
         try:
             data = self._stream.read(wanted)
-        except TimeoutError as error:  # the server's idle timeout on the connection
-            raise RequestTimedOut() from error
+        except TimeoutError as error:  # the server's idle timeout or minimum body rate
+            raise timed_out(error) from error
         if not data:
             if self._remaining is None:
                 return 0  # the stream knows where a chunked body ends
@@ -89,8 +102,8 @@ class GunicornBody:
             return 0
         try:
             count = self._sock.recv_into(buffer[:wanted])
-        except TimeoutError as error:  # the server's idle timeout on the connection
-            raise RequestTimedOut() from error
+        except TimeoutError as error:  # the server's idle timeout or minimum body rate
+            raise timed_out(error) from error
         if count == 0:
             raise MalformedUpload(CUT_OFF)
         self._reader.length -= count

@@ -25,6 +25,10 @@ from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.migrate import open_database
+from deerflow_web.storage.paths import make_dirs_with_mode
+from deerflow_web.storage.paths import secure_data_dir
+from deerflow_web.storage.paths import tighten_secret_file
+from deerflow_web.storage.paths import use_storage_group
 
 EXTENSION_KEY = "deerflow_web"
 SECRET_KEY_FILE = "secret_key"
@@ -84,8 +88,9 @@ def persistent_secret_key(base_dir: Path) -> str:
     """
     path = base_dir / SECRET_KEY_FILE
     if path.exists():
+        tighten_secret_file(path)
         return path.read_text(encoding="ascii").strip()
-    base_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs_with_mode(base_dir)
     handle, temporary = tempfile.mkstemp(dir=base_dir, prefix=".secret-")  # mode 0600
     try:
         with os.fdopen(handle, "w", encoding="ascii") as file:
@@ -100,6 +105,8 @@ def persistent_secret_key(base_dir: Path) -> str:
 
 def init_app(app: Flask, settings: Settings) -> None:
     """Attach the services and clear what a killed server left half-written."""
+    use_storage_group(settings.storage_group)
+    secure_data_dir(settings.base_dir)
     services = Services(settings)
     services.resumable.sweep_expired()
     if settings.auth.enabled:

@@ -43,7 +43,7 @@ def adopt_flat_threads(
             report.skipped.append((thread_id, "already in the user's layout"))
             continue
         owners.claim(thread_id, user_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(target.parent)
         os.rename(paths.thread_dir(thread_id), target)
         records.move_scope(paths.scope(thread_id), paths.scope(thread_id, user_id))
         report.moved.append(thread_id)

@@ -37,6 +37,7 @@ from deerflow_web.models import CONVERTIBLE_EXTENSIONS
 from deerflow_web.services.conversion.worker import EXIT_OUT_OF_MEMORY
 from deerflow_web.storage.paths import STAGING_PREFIX
 from deerflow_web.storage.paths import STAGING_SUFFIX
+from deerflow_web.storage.paths import storage_modes
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +336,7 @@ def _commit(staging: Path, destination: Path, name: str, max_output_bytes: int |
             raise ConversionError(f"No text could be extracted from {name}")
         if max_output_bytes and size > max_output_bytes:  # the worker caps too; trust neither
             raise ConversionError(_too_large(name, size, max_output_bytes))
-        staging.chmod(0o644)
+        staging.chmod(storage_modes().file)
         os.replace(staging, destination)  # replaces a link at destination, never follows it
     except OSError as error:
         raise ConversionError(

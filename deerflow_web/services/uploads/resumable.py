@@ -226,7 +226,7 @@ class ResumableUploadService:
         folder = self.uploads.uploads_dir(thread_id, user_id)
         if on_conflict is OnConflict.REJECT and (folder / name).exists():
             raise NameConflict(name)
-        folder.mkdir(parents=True, exist_ok=True)
+        self.uploads.paths.make_dirs(folder)
         upload_id = secrets.token_hex(16)
         now = self._clock()
         upload = ResumableUpload(
