@@ -266,3 +266,21 @@ def test_a_cross_site_edit_is_403(client, outputs: Path) -> None:
     answer = put(client, "n.txt", "evil", sha(b"n"), headers={"Origin": "http://evil.example"})
     assert answer.status_code == 403
     assert note.read_bytes() == b"n"
+
+
+def test_the_preview_page_offers_the_editor_only_where_a_save_would_work(
+    client, outputs: Path
+) -> None:
+    (outputs / "plain.txt").write_bytes(b"plain <b>text</b>")
+    (outputs / "crlf.txt").write_bytes(b"windows\r\nlines")
+    (outputs / "big.txt").write_bytes(b"a" * (2 * MIB + 1))
+    uploads = outputs.parent / "uploads"
+    uploads.mkdir()
+    page = client.get("/threads/T/files/outputs/plain.txt")
+    assert page.status_code == 200
+    assert b'id="artifact-editor"' in page.data
+    assert f'data-sha256="{sha(b"plain <b>text</b>")}"'.encode() in page.data
+    assert b"plain &lt;b&gt;text&lt;/b&gt;</textarea>" in page.data
+    for name in ("crlf.txt", "big.txt"):  # a textarea would rewrite CRLF; over the limit
+        other = client.get(f"/threads/T/files/outputs/{name}")
+        assert other.status_code == 200 and b'id="artifact-editor"' not in other.data, name

@@ -27,10 +27,12 @@ from pathlib import Path
 from deerflow_web.errors import ArtifactChanged
 from deerflow_web.errors import ArtifactEditTooLarge
 from deerflow_web.errors import ArtifactEditUnsupported
+from deerflow_web.errors import ArtifactError
 from deerflow_web.errors import ArtifactNotEditable
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import InsufficientStorage
 from deerflow_web.errors import NotAFile
+from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.storage.local import AtomicCommit
@@ -174,6 +176,39 @@ def _still_the_same(named: Path, info: os.stat_result) -> bool:
         info.st_mtime_ns,
         info.st_size,
     )
+
+
+@dataclass(frozen=True)
+class EditableText:
+    """A file the editor may open: its text exactly, and the SHA-256 a save must name."""
+
+    text: str
+    sha256: str
+
+
+def open_for_edit(
+    paths: ThreadPaths, thread_id: str, virtual_path: str, user_id: str | None = None
+) -> EditableText | None:
+    """The text of a file a `PUT` would accept, or None when it would refuse the file.
+
+    A text with a carriage return is left out too: a browser's textarea turns CRLF into
+    LF, so saving it unchanged would still rewrite every line ending.
+    """
+    try:
+        shown, named = _editable_path(paths, thread_id, virtual_path, user_id)
+        fd = _open_current(named, shown)
+    except (ArtifactError, UnsafeFolder):
+        return None
+    try:
+        current = _read_text(fd, os.fstat(fd), shown)
+    except ArtifactError:
+        return None
+    finally:
+        os.close(fd)
+    text = current.decode("utf-8")
+    if "\r" in text:
+        return None
+    return EditableText(text, hashlib.sha256(current).hexdigest())
 
 
 def edit_artifact(
