@@ -10,6 +10,7 @@ and `X-CSRF-Token` copied from the `csrf_token` cookie.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.conftest import TEST_EMAIL
 from tests.conftest import TEST_PASSWORD
 from tests.conftest import provision_server_user
 from tests.conftest import uploads_dir
+from tests.conftest import user_data_dir
 from tests.live_server import LiveServer
 from tests.live_server import free_port
 from tests.nginx import NGINX
@@ -118,6 +120,16 @@ def test_deerflow_ui_changes_files_through_deerflows_nginx(
     deleted = browser.send("DELETE", "/api/threads/P/uploads/gone.txt")
     assert deleted.status_code == 200, deleted.text
     assert sorted(p.name for p in uploads_dir(base_dir, "P").iterdir()) == ["kept.txt"]
+    outputs = user_data_dir(base_dir, "P") / "outputs"
+    outputs.mkdir()
+    (outputs / "answer.md").write_bytes(b"draft")
+    edited = browser.send(  # DeerFlow's artifact editor
+        "PUT",
+        "/api/threads/P/artifacts/mnt/user-data/outputs/answer.md",
+        json={"content": "final", "expected_sha256": hashlib.sha256(b"draft").hexdigest()},
+    )
+    assert edited.status_code == 200, edited.text
+    assert (outputs / "answer.md").read_bytes() == b"final"
 
 
 @pytest.mark.parametrize(
