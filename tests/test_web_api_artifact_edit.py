@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from deerflow_web.web.wiring import EXTENSION_KEY
+from tests.conftest import USER_ID
+from tests.conftest import needs_auth
 from tests.conftest import user_data_dir
 
 URL = "/api/threads/T/artifacts/mnt/user-data/outputs/"
@@ -284,3 +287,17 @@ def test_the_preview_page_offers_the_editor_only_where_a_save_would_work(
     for name in ("crlf.txt", "big.txt"):  # a textarea would rewrite CRLF; over the limit
         other = client.get(f"/threads/T/files/outputs/{name}")
         assert other.status_code == 200 and b'id="artifact-editor"' not in other.data, name
+
+
+@needs_auth
+def test_another_users_thread_is_404_and_untouched(make_app, outputs: Path) -> None:
+    app = make_app()
+    services = app.extensions[EXTENSION_KEY]
+    services.owners.claim("T", USER_ID)
+    other = services.accounts.create_user("other@example.com", "other password")
+    note = outputs / "n.txt"
+    note.write_bytes(b"mine")
+    answer = put(app.test_client(user_id=other.id), "n.txt", "theirs", sha(b"mine"))
+    assert answer.status_code == 404
+    assert answer.get_json() == {"detail": "Thread T not found"}
+    assert note.read_bytes() == b"mine"
