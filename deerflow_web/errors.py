@@ -187,6 +187,29 @@ class NotAFile(ArtifactError):
         super().__init__(f"Path is not a file: {path}")
 
 
+class ArtifactNotEditable(ArtifactError):
+    """An edit the route refuses as asked: a path outside outputs/, or a malformed body."""
+
+
+class ArtifactEditUnsupported(ArtifactError):
+    """The file or the new content is not UTF-8 text that may be edited (a skill archive,
+    a symlink, binary or non-UTF-8 bytes)."""
+
+
+class ArtifactEditTooLarge(ArtifactError):
+    """The file, or the content that would replace it, is over the edit limit."""
+
+    def __init__(self) -> None:
+        super().__init__("Artifact is too large to edit")
+
+
+class ArtifactChanged(ArtifactError):
+    """The file is not the one the editor opened: its SHA-256 differs from the expected one."""
+
+    def __init__(self) -> None:
+        super().__init__("Artifact changed since it was opened")
+
+
 class ConversionError(DeerFlowError):
     """A document could not be converted to Markdown; the original is untouched."""
 

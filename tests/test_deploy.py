@@ -35,10 +35,9 @@ from tests.conftest import wait_until
 from tests.live_server import ROOT
 from tests.live_server import LiveServer
 from tests.live_server import free_port
+from tests.nginx import NGINX
+from tests.nginx import run_nginx
 
-NGINX = shutil.which("nginx") or next(
-    (path for path in ("/usr/sbin/nginx",) if os.access(path, os.X_OK)), None
-)
 PUBLIC_HOST = "files.example.com"
 AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
 MIB = 1024 * 1024
@@ -59,20 +58,6 @@ def site_config(upstreams: list[int], https_port: int, http_port: int, cert: Pat
         text, count = re.subn(pattern, value, text)
         assert count == 1, f"deploy/nginx.conf no longer has exactly one {pattern!r}"
     return text
-
-
-def main_config(prefix: Path, site: Path) -> str:
-    """A private nginx: everything it writes stays under `prefix`."""
-    temp = "\n".join(
-        f"    {kind}_temp_path {prefix / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    user = "user root;\n" if os.getuid() == 0 else ""  # else its workers could not reach prefix
-    return (
-        f"{user}daemon off;\npid {prefix / 'nginx.pid'};\nerror_log {prefix / 'error.log'} info;\n"
-        "events { worker_connections 512; }\n"
-        f"http {{\n    access_log {prefix / 'access.log'};\n{temp}\n    include {site};\n}}\n"
-    )
 
 
 @dataclass
@@ -131,38 +116,17 @@ def proxy(base_dir: Path, tmp_path: Path) -> Iterator[Proxy]:
     https_port, http_port = free_port(), free_port()
     site = prefix / "deerflow-web.conf"
     site.write_text(site_config([s.port for s in instances], https_port, http_port, cert))
-    (prefix / "nginx.conf").write_text(main_config(prefix, site))
-    nginx = None
     try:
         for instance in instances:
             instance.start()
-        with open(prefix / "stderr.log", "wb") as errors:
-            nginx = subprocess.Popen(
-                [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", "stderr"],
-                stdout=subprocess.DEVNULL,
-                stderr=errors,
-                start_new_session=True,
+        with run_nginx(prefix, site, https_port):
+            yield Proxy(
+                f"https://127.0.0.1:{https_port}",
+                https_port,
+                instances,  # type: ignore[arg-type]
+                cert.with_suffix(".pem"),
             )
-
-        def listening() -> bool:
-            assert nginx.poll() is None, (prefix / "stderr.log").read_text()
-            try:
-                socket.create_connection(("127.0.0.1", https_port), timeout=1).close()
-                return True
-            except OSError:
-                return False
-
-        wait_until(listening, timeout=20)
-        yield Proxy(
-            f"https://127.0.0.1:{https_port}",
-            https_port,
-            instances,  # type: ignore[arg-type]
-            cert.with_suffix(".pem"),
-        )  # type: ignore[arg-type]
     finally:
-        if nginx is not None:
-            nginx.terminate()
-            nginx.wait(10)
         for instance in instances:
             instance.kill()
 

@@ -73,10 +73,19 @@ PNG_HEAD = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
         ("doc.pdf", b"%PDF-1.4\n\x00", "inline", "application/pdf"),
         ("clip.mp3", b"ID3\x00\x00binary", "inline", "audio/mpeg"),
         ("film.mp4", b"\x00\x00\x00\x18ftypmp42", "inline", "video/mp4"),
-        # text of every kind, inline only as text/plain
+        # passive text formats keep their type (issue 25 item 9), under nosniff and sandbox
         ("note.txt", b"words", "inline", "text/plain"),
-        ("data.json", b'{"a": 1}', "inline", "text/plain"),
-        ("table.csv", b"a,b\n1,2\n", "inline", "text/plain"),
+        ("data.json", b'{"a": 1}', "inline", "application/json"),
+        ("DATA.JSON", b'{"a": 1}', "inline", "application/json"),
+        ("html.json", b"<script>alert(1)</script>", "inline", "application/json"),
+        ("table.csv", b"a,b\n1,2\n", "inline", "text/csv"),
+        ("table.tsv", b"a\tb\n", "inline", "text/tab-separated-values"),
+        ("notes.md", b"# <script>alert(1)</script>", "inline", "text/markdown"),
+        ("events.ndjson", b'{"a": 1}\n{"a": 2}\n', "inline", "application/x-ndjson"),
+        ("events.jsonl", b'{"a": 1}\n', "inline", "application/x-ndjson"),
+        ("config.yaml", b"a: 1\n", "inline", "application/yaml"),
+        ("config.yml", b"a: 1\n", "inline", "application/yaml"),
+        # any other text, inline only as text/plain
         ("script.js", b"alert(1)", "inline", "text/plain"),
         ("style.css", b"body{}", "inline", "text/plain"),
         ("page.html.txt", b"<script>alert(1)</script>", "inline", "text/plain"),
@@ -108,8 +117,8 @@ def test_only_passive_kinds_are_inline(
             assert response.status_code == 200 and body == data
             assert response.headers["Content-Disposition"].startswith(f"{kind};"), name
             assert response.mimetype == content_type
-            if content_type == "text/plain":
-                assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+            if content_type.startswith("text/"):
+                assert response.headers["Content-Type"] == f"{content_type}; charset=utf-8"
             assert response.headers["X-Content-Type-Options"] == "nosniff"
             policy = response.headers["Content-Security-Policy"]
             assert "default-src 'none'" in policy and "sandbox" in policy
@@ -237,8 +246,8 @@ def test_text_detection(client, base_dir: Path) -> None:
     put(base_dir, "workspace/data.json", b'{"a": 1}')
     response, _ = get(client, f"{URL}/workspace/README")
     assert response.headers["Content-Type"].startswith("text/plain")
-    response, _ = get(client, f"{URL}/workspace/data.json")  # issue 9: text only as text/plain
-    assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+    response, _ = get(client, f"{URL}/workspace/data.json")  # a passive type: kept
+    assert response.headers["Content-Type"] == "application/json"
     assert response.headers["Content-Disposition"].startswith("inline;")
 
 

@@ -168,3 +168,26 @@ def test_own_origins() -> None:
         "https://localhost:8443",
         "https://[::1]:8443",
     }
+
+
+def test_origin_matching_an_allowed_host_as_addressed(make_app) -> None:
+    """A proxy that passes the browser's `Host` (with its own port) through, and nothing
+    else, as DeerFlow's nginx does: the request's own origin is accepted, and only it."""
+    client = make_app().test_client()
+
+    def delete(host: str, origin: str) -> int:
+        return client.delete(
+            "/api/threads/T/uploads/a.txt",
+            base_url="http://127.0.0.1:2026",  # the app's own bound port
+            headers={"Host": host, "Origin": origin},
+        ).status_code
+
+    assert delete("localhost:2027", "http://localhost:2027") == 404  # passes to the route
+    assert delete("LOCALHOST:2027", "http://localhost:2027") == 404
+    assert delete("localhost:80", "http://localhost") == 404  # default port, as browsers write
+    assert delete("localhost", "http://localhost:80") == 404
+    assert delete("localhost:2027", "http://localhost:2028") == 403
+    assert delete("localhost:2027", "https://localhost:2027") == 403
+    assert delete("localhost:2027", "http://127.0.0.1:2027") == 403
+    assert delete("localhost:2027", "http://evil.example:2027") == 403
+    assert delete(f"{EVIL}:2027", f"http://{EVIL}:2027") == 400

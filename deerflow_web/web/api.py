@@ -10,12 +10,16 @@ from flask import Response
 from flask import request
 from flask import send_file
 from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import BadRequest
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
 from werkzeug.http import parse_range_header
 from werkzeug.routing import PathConverter
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.models import OnConflict
+from deerflow_web.services.files.artifact_edit import MAX_EDITABLE_BYTES
+from deerflow_web.services.files.artifact_edit import edit_artifact
+from deerflow_web.services.files.artifact_edit import parse_edit
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
@@ -28,6 +32,8 @@ from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("api", __name__, url_prefix="/api")
+# The JSON of an edit: 2 MiB of text, escaped (`\u0001` is six bytes for one), and its frame.
+EDIT_BODY_LIMIT = 6 * MAX_EDITABLE_BYTES + 64 * 1024
 # The resumable (tus) routes live under /api as a nested blueprint, so every check of this
 # blueprint (the origin check below, and whatever guards the API) covers them too.
 bp.register_blueprint(tus.bp)
@@ -196,3 +202,24 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
         None if attachment else artifact.presentation
     )
     return response
+
+
+@bp.put("/threads/<thread_id>/artifacts/<vpath:virtual_path>")
+def edit_artifact_content(thread_id: str, virtual_path: str) -> ResponseReturnValue:
+    """Replace a text file under outputs/ if it is still the version the editor opened."""
+    validate_thread_id(thread_id)
+    request.max_content_length = EDIT_BODY_LIMIT  # the JSON is read whole: bound it first
+    try:
+        body = request.get_json(force=True)
+    except BadRequest:
+        body = None  # malformed JSON: the same 400 as a body of the wrong shape
+    content, expected_sha256 = parse_edit(body)
+    edited = edit_artifact(
+        get_upload_service().paths,
+        thread_id,
+        virtual_path,
+        content,
+        expected_sha256,
+        current_user_id(),
+    )
+    return edited.as_dict()

@@ -1,5 +1,6 @@
 """`flask --app app users ...`: set up accounts without a browser (SPEC 7.2);
-`flask --app app db upgrade`: migrate the shared database (SPEC 9).
+`flask --app app db upgrade`: migrate the shared database (SPEC 9);
+`flask --app app import-deerflow DIR`: adopt a DeerFlow data directory, once (doc C).
 
 The commands use the same account rules as the pages and the API: a password the set-up
 page would refuse is refused here too.
@@ -8,15 +9,19 @@ page would refuse is refused here too.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 from flask import Flask
 from flask.cli import AppGroup
+from flask.cli import with_appcontext
 
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.services.accounts.adopt import adopt_flat_threads
 from deerflow_web.services.accounts.service import ADMIN
 from deerflow_web.services.accounts.service import USER
+from deerflow_web.services.uploads.deerflow_import import Owners
+from deerflow_web.services.uploads.deerflow_import import import_deerflow
 from deerflow_web.storage.migrate import current_revision
 from deerflow_web.storage.migrate import upgrade_database
 from deerflow_web.web.wiring import get_services
@@ -100,7 +105,70 @@ def upgrade_db() -> None:
     click.echo(f"Database at revision {revision} ({services.engine.url.render_as_string()})")
 
 
+def _account_id(email: str) -> str:
+    account = get_services().accounts.find_by_email(email)
+    if account is None:
+        raise click.ClickException(f"No account with email {email}")
+    return account.id
+
+
+@click.command("import-deerflow")
+@click.argument(
+    "directory", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR"
+)
+@click.option("--owner", "owner", metavar="EMAIL", help="Account for DeerFlow's flat layout.")
+@click.option(
+    "--map",
+    "mapping",
+    multiple=True,
+    metavar="UID=EMAIL",
+    help="Account for one DeerFlow user of the per-user layout (repeat per user).",
+)
+@click.option("--move", is_flag=True, help="Move the files instead of copying them.")
+@with_appcontext
+def import_deerflow_command(
+    directory: Path, owner: str | None, mapping: tuple[str, ...], move: bool
+) -> None:
+    """Adopt DeerFlow's data directory DIR: files, hashes, types and companions.
+
+    DIR is left unchanged unless --move is given. Running it again adopts nothing twice.
+    """
+    services = get_services()
+    accounts = services.settings.auth.enabled
+    if not accounts and (owner or mapping):
+        raise click.ClickException(
+            "Accounts are off (single-user mode): every thread goes to the flat layout, "
+            "so --owner and --map do not apply"
+        )
+    by_user = {}
+    for item in mapping:
+        uid, sep, email = item.partition("=")
+        if not sep or not uid or not email:
+            raise click.ClickException(f"--map takes UID=EMAIL, not {item!r}")
+        by_user[uid] = _account_id(email)
+    owners = Owners(accounts, _account_id(owner) if owner else None, by_user)
+    report = import_deerflow(
+        directory,
+        services.uploads.paths,
+        services.uploads.records,
+        owners,
+        services.owners if accounts else None,
+        move=move,
+    )
+    for source, target in report.adopted:
+        click.echo(f"adopted {source} -> {target}")
+    for source, reason in report.skipped:
+        click.echo(f"skipped {source}: {reason}", err=True)
+    click.echo(
+        f"{len(report.adopted)} file(s) {'moved' if move else 'copied'} into "
+        f"{len(report.threads)} thread(s), {report.records_written} upload record(s) written "
+        f"({report.companions} Markdown companion(s)), {report.already} already here, "
+        f"{len(report.skipped)} skipped"
+    )
+
+
 def init_app(app: Flask) -> None:
     """Register the command groups."""
     app.cli.add_command(users_cli)
     app.cli.add_command(db_cli)
+    app.cli.add_command(import_deerflow_command)

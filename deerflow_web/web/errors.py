@@ -15,6 +15,10 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from deerflow_web.errors import AlreadyInitialized
+from deerflow_web.errors import ArtifactChanged
+from deerflow_web.errors import ArtifactEditTooLarge
+from deerflow_web.errors import ArtifactEditUnsupported
+from deerflow_web.errors import ArtifactNotEditable
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import ArtifactPrefixError
 from deerflow_web.errors import AuthError
@@ -117,6 +121,11 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     PermissionDenied: 403,
     TokenNotFound: 404,
     LockedOut: 429,
+    # artifact edits (SPEC 2.6)
+    ArtifactNotEditable: 400,
+    ArtifactChanged: 412,
+    ArtifactEditTooLarge: 413,
+    ArtifactEditUnsupported: 415,
 }
 
 

@@ -29,6 +29,7 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import OnConflict
+from deerflow_web.services.files.artifact_edit import open_for_edit
 from deerflow_web.services.files.artifacts import Presentation
 from deerflow_web.services.files.browse import BROWSABLE_AREAS
 from deerflow_web.services.files.browse import list_area
@@ -307,7 +308,8 @@ def preview_file(thread_id: str, path: str) -> str:
     validate_thread_id(thread_id)
     service = get_upload_service()
     user_id = current_user_id()
-    artifact = service.resolve_artifact(thread_id, f"{VIRTUAL_PATH_PREFIX}/{path}", user_id)
+    artifact_virtual = f"{VIRTUAL_PATH_PREFIX}/{path}"
+    artifact = service.resolve_artifact(thread_id, artifact_virtual, user_id)
     preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread_id))
     area, _sep, rest = path.partition("/")
     record, outline_source, outline = None, None, []
@@ -332,6 +334,9 @@ def preview_file(thread_id: str, path: str) -> str:
         outline_source=outline_source,
         preview_limit=PREVIEW_BYTES,
         render_limit=MAX_RENDER_BYTES,
+        editor=open_for_edit(service.paths, thread_id, artifact_virtual, user_id)
+        if area == Area.OUTPUTS
+        else None,
     )
 
 

@@ -6,11 +6,16 @@ gets 400 for every request, before any route runs (DNS rebinding).
 
 The JSON API takes no CSRF token: DeerFlow's frontend, curl and scripts call it without a
 session. A browser, though, announces where a request comes from, so a state-changing API
-request is refused when its `Sec-Fetch-Site` says `cross-site` or its `Origin` is not one
-of the configured origins: the allowed hosts with the scheme and port as served, and
-`server.allowed_origins`. It is never compared with a URL built from the request's own
-`Host`, which the client chooses. Requests without those headers (curl, scripts) carry no
-ambient browser credentials and pass.
+request is refused when its `Sec-Fetch-Site` says `cross-site` or its `Origin` is none of:
+the allowed hosts with the scheme and port as served, `server.allowed_origins`, or the
+request's own scheme and `Host` when that `Host` is an allowed host. The last one is what a
+proxy that passes the browser's `Host` through (port included) but no `X-Forwarded-Host` or
+`-Port` needs, as DeerFlow's own nginx does: behind it the app's bound port is not the one
+the browser sees. It is safe because a browser, not the page, writes both headers: a page
+on another site sends its own `Origin` with this server's `Host`, and a rebinding page
+sends its own name as `Host`, which is refused with 400 before this check. A client that
+forges both is no browser and carries no ambient credentials. Requests without those
+headers (curl, scripts) pass for the same reason.
 """
 
 from __future__ import annotations
@@ -127,6 +132,21 @@ def own_origins(allowed_hosts: Iterable[str], scheme: str, port: str) -> set[str
     return {f"{scheme}://{host}{suffix}" for host in allowed_hosts if not host.startswith(".")}
 
 
+def _without_default_port(origin: str) -> str:
+    """`http://a:80` and `https://a:443` as a browser writes them: `http://a`, `https://a`."""
+    for scheme, port in (("http", ":80"), ("https", ":443")):
+        if origin.startswith(f"{scheme}://") and origin.endswith(port):
+            return origin.removesuffix(port)
+    return origin
+
+
+def requested_origin(allowed_hosts: Iterable[str], scheme: str, host: str | None) -> str | None:
+    """The origin a browser is addressing (scheme and `Host`), when that host is allowed."""
+    if host is None or not host_allowed(host, allowed_hosts):
+        return None
+    return _without_default_port(f"{scheme}://{host.strip().lower()}")
+
+
 def refuse_cross_site(allowed_hosts: Iterable[str], allowed_origins: Iterable[str]) -> None:
     """Raise 403 for a state-changing browser request that comes from another origin."""
     if request.method in SAFE_METHODS:
@@ -138,6 +158,9 @@ def refuse_cross_site(allowed_hosts: Iterable[str], allowed_origins: Iterable[st
         return
     origin = origin.strip().rstrip("/").lower()
     if origin in allowed_origins:
+        return
+    addressed = requested_origin(allowed_hosts, request.scheme, request.headers.get("Host"))
+    if addressed is not None and _without_default_port(origin) == addressed:
         return
     port = str(request.environ.get("SERVER_PORT") or "")
     if origin not in own_origins(allowed_hosts, request.scheme, port):

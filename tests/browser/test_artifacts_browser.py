@@ -71,6 +71,11 @@ PAYLOADS = {
     "page.html": HTML,
     "README": HTML,  # no extension at all
     "page.txt": HTML,
+    "page.json": HTML,  # passive text types keep their own type, never a document
+    "page.csv": HTML,
+    "page.md": HTML,
+    "page.ndjson": HTML,
+    "page.yaml": HTML,
     "picture.svg": (
         '<svg xmlns="http://www.w3.org/2000/svg" onload="window.__pwned = 2">'
         f"<script>{ATTACK}</script></svg>"

@@ -3,8 +3,11 @@
 The decision is made here, away from Flask. A thread's files come from people and agents,
 so none of them may ever become a document that runs script in the app's origin, whatever
 its name, extension or content. Only an allow-list of passive kinds is shown inline:
-images other than SVG, PDF, audio, video, and text, which is always sent as `text/plain`
-(with `nosniff` a browser then shows it as text, even when it holds HTML). Everything else,
+images other than SVG, PDF, audio, video, and text. Text keeps its own type only when that
+type is on a short list of passive data formats no browser renders as a document (JSON,
+NDJSON, CSV, TSV, Markdown, YAML, plain text), as DeerFlow serves them; any other text (code,
+CSS, an HTML page named `.txt`) is sent as `text/plain`. Under `nosniff` and the sandbox CSP a
+browser shows either as text or offers a download, even when it holds HTML. Everything else,
 markup of every kind included (HTML, XHTML, SVG, XML, XSLT, RSS, MathML), is an attachment.
 """
 
@@ -24,6 +27,31 @@ from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import is_binary_file
 
 PLAIN_TEXT = "text/plain"
+# Text formats that are data, never documents: shown inline with their own type.
+PASSIVE_TEXT_TYPES = frozenset(
+    {
+        PLAIN_TEXT,
+        "application/json",
+        "application/x-ndjson",
+        "text/csv",
+        "text/tab-separated-values",
+        "text/markdown",
+        "application/yaml",
+    }
+)
+# Their usual names, so the type does not depend on the platform's mime.types (Python's
+# own table lacks YAML and NDJSON, and Linux distributions disagree about them).
+TEXT_TYPE_BY_SUFFIX = {
+    ".json": "application/json",
+    ".ndjson": "application/x-ndjson",
+    ".jsonl": "application/x-ndjson",
+    ".csv": "text/csv",
+    ".tsv": "text/tab-separated-values",
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".yaml": "application/yaml",
+    ".yml": "application/yaml",
+}
 
 # Raster images browsers decode without any script engine; SVG is a document, never here.
 INLINE_IMAGE_TYPES = frozenset(
@@ -121,15 +149,21 @@ class Artifact:
         return download or self.presentation is None
 
     def response_type(self, attachment: bool) -> str:
-        """The Content-Type to send: text is always `text/plain` when shown inline."""
-        if not attachment and self.presentation is Presentation.TEXT:
+        """The Content-Type to send: inline text keeps a passive type, else `text/plain`."""
+        if (
+            not attachment
+            and self.presentation is Presentation.TEXT
+            and self.content_type not in PASSIVE_TEXT_TYPES
+        ):
             return PLAIN_TEXT
         return self.content_type
 
 
 def classify(path: Path) -> tuple[str, bool, Presentation | None]:
     """The file's content type, whether it is markup, and how it may be shown inline."""
-    guessed, _ = mimetypes.guess_type(path.name, strict=False)
+    guessed = TEXT_TYPE_BY_SUFFIX.get(path.suffix.lower())
+    if guessed is None:
+        guessed, _ = mimetypes.guess_type(path.name, strict=False)
     active = is_markup(guessed, path.suffix)
     if guessed and guessed.startswith("text/"):
         content_type, text = guessed, True
