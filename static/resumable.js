@@ -10,7 +10,7 @@
  * tus-js-client is a classic script that defines `window.tus`; the page loads it before
  * the modules, and it is looked up only when the file manager starts.
  */
-import { csrfHeaders, detailOf as detailOfBody, formatSize, t } from "./common.js";
+import { csrfHeaders, formatSize, problemOf, t } from "./common.js";
 
 var CHUNK_SIZE = 8 * 1024 * 1024;
 var RETRY_DELAYS = [0, 1000, 3000, 5000, 10000, 20000, 30000, 60000];
@@ -51,18 +51,19 @@ RateMeter.prototype.rate = function () {
   return seconds > 0 ? (last[1] - first[1]) / seconds : null;
 };
 
-function detailOf(error) {
+/** What a person reads about a tus failure (no response at all: the connection). */
+function problemOfUpload(error) {
   var response = error && error.originalResponse;
-  if (response) {
-    var body = null;
-    try {
-      body = JSON.parse(response.getBody());
-    } catch (ignored) {
-      body = null;
-    }
-    return detailOfBody(body, String(response.getStatus()));
+  if (!response) {
+    return problemOf(0, null);
   }
-  return t("networkError");
+  var body = null;
+  try {
+    body = JSON.parse(response.getBody());
+  } catch (ignored) {
+    body = null;
+  }
+  return problemOf(response.getStatus(), body);
 }
 
 /** tus-js-client's own rule (server errors, 409, 423, no response), shown in the row. */
@@ -153,7 +154,7 @@ function send(tus, endpoint, entry, onConflict, onProgress) {
       onError: function (error) {
         settled = true;
         button.hidden = true;
-        reject(new Error(detailOf(error)));
+        reject(new Error(problemOfUpload(error)));
       },
     });
 
