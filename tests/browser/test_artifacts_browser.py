@@ -101,9 +101,13 @@ def probe(browser: Browser, live: LiveServer) -> Iterator[Probe]:
     """A page signed in to `live` when accounts are on, as the thread's owner browses."""
     context = browser.new_context(accept_downloads=True)
     context.set_default_timeout(10_000)
-    page = context.new_page()
     if live.account is not None:
-        sign_in(page, live.url, live.account)
+        # In a page of its own, closed before anything is recorded: the pages met while
+        # signing in may still be fetching their icon.
+        signing_in = context.new_page()
+        sign_in(signing_in, live.url, live.account)
+        signing_in.close()
+    page = context.new_page()
     watched = Probe(page, context)
     context.on(
         "request",

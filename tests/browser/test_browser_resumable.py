@@ -180,6 +180,7 @@ def test_upload_survives_a_server_restart_between_two_chunks(
     if account is not None:
         sign_in(page.page, server.url, account)
         page.signed_in = True
+        page.posts.clear()
     folder = uploads_dir(base_dir, THREAD, None if account is None else account.user_id)
     page.allowed_errors.extend(NETWORK_ERRORS)
     throttle(page, 12 * MIB)
