@@ -56,8 +56,10 @@ nginx:
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq nginx >/dev/null; }
 
 # The suite runs in both modes of SPEC 7.1: accounts on (the default), then the single-user
-# mode of the first release. The browser tests run in the first pass only: the file-manager
-# ones always serve the single-user mode, the account ones need accounts on.
+# mode of the first release. The browser tests run in the first pass only: each file-manager
+# test serves both modes itself (its `mode` parameter: signed in through the login page with
+# accounts on, and single-user), which DEER_FLOW_AUTH_DISABLED=1 would prevent, since it
+# forces accounts off; the account tests need accounts on.
 test: $(VENV)/.test browser postgres nginx
 	$(BIN)/python -m pytest -q
 	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -m "not browser"

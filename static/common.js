@@ -69,6 +69,39 @@ export function formatSize(size) {
   return text + " " + units[index];
 }
 
+/**
+ * The page's sentence for each failure a person can act on, by HTTP status (0: no answer
+ * came back). The API's `detail` is written for a developer calling it ("send the
+ * csrf_token cookie's value in X-CSRF-Token"); a person reads these instead, translated
+ * by the page (thread_files.html). With accounts on, a 403 from the API means the page's
+ * CSRF token no longer matches the session; single-user, the page names another cause.
+ */
+var PROBLEM_BY_STATUS = {
+  0: "networkError",
+  401: "errorSignedOut",
+  403: "errorForbidden",
+  409: "errorConflict",
+  413: "errorTooLarge",
+  429: "errorBusy",
+  500: "errorServer",
+  502: "errorUnavailable",
+  503: "errorUnavailable",
+  507: "errorStorage",
+};
+
+/**
+ * What to tell a person about a failed request: the page's sentence for the status, or,
+ * for a refusal about this very file (a bad name, a failed conversion), the server's
+ * explanation, or the status as a last resort.
+ */
+export function problemOf(status, body) {
+  var key = PROBLEM_BY_STATUS[status];
+  if (key) {
+    return t(key);
+  }
+  return detailOf(body, t("errorStatus", { status: status }));
+}
+
 /** The message of an API error body (`detail` as text, or the first of a list). */
 export function detailOf(body, fallback) {
   if (body && typeof body.detail === "string") {

@@ -4,7 +4,7 @@
  * which asks for confirmation itself); the script only keeps people on the page. User
  * strings (file names) are only ever written with textContent, never as HTML.
  */
-import { csrfHeaders, csrfToken, detailOf, showDialog, t, visible } from "./common.js";
+import { csrfHeaders, csrfToken, problemOf, showDialog, t, visible } from "./common.js";
 
 let refresher = function () {
   return Promise.resolve();
@@ -212,19 +212,24 @@ function init() {
       headers: Object.assign({ Accept: "application/json" }, csrfHeaders()),
       credentials: "same-origin",
     })
-      .then(function (response) {
-        return response
-          .json()
-          .catch(function () {
-            return null;
-          })
-          .then(function (body) {
-            if (!response.ok) {
-              throw new Error(detailOf(body, response.statusText));
-            }
-            return body || {};
-          });
-      })
+      .then(
+        function (response) {
+          return response
+            .json()
+            .catch(function () {
+              return null;
+            })
+            .then(function (body) {
+              if (!response.ok) {
+                throw new Error(problemOf(response.status, body));
+              }
+              return body || {};
+            });
+        },
+        function () {
+          throw new Error(problemOf(0, null));
+        }
+      )
       .then(function (body) {
         if (ACTIVE_STATES.indexOf(body.conversion_state) !== -1) {
           showState(name, body.conversion_state);

@@ -10,18 +10,11 @@
  * tus-js-client is a classic script that defines `window.tus`; the page loads it before
  * the modules, and it is looked up only when the file manager starts.
  */
-import { detailOf as detailOfBody, formatSize, t } from "./common.js";
+import { csrfHeaders, formatSize, problemOf, t } from "./common.js";
 
 var CHUNK_SIZE = 8 * 1024 * 1024;
 var RETRY_DELAYS = [0, 1000, 3000, 5000, 10000, 20000, 30000, 60000];
 var RATE_WINDOW_MS = 5000;
-
-/** The header a session-authenticated API call carries, when the page names a token. */
-function csrfHeaders() {
-  var meta = document.querySelector('meta[name="csrf-token"]');
-  var token = meta ? meta.getAttribute("content") : "";
-  return token ? { "X-CSRF-Token": token } : {};
-}
 
 function formatDuration(seconds) {
   var rounded = Math.max(1, Math.round(seconds));
@@ -58,18 +51,19 @@ RateMeter.prototype.rate = function () {
   return seconds > 0 ? (last[1] - first[1]) / seconds : null;
 };
 
-function detailOf(error) {
+/** What a person reads about a tus failure (no response at all: the connection). */
+function problemOfUpload(error) {
   var response = error && error.originalResponse;
-  if (response) {
-    var body = null;
-    try {
-      body = JSON.parse(response.getBody());
-    } catch (ignored) {
-      body = null;
-    }
-    return detailOfBody(body, String(response.getStatus()));
+  if (!response) {
+    return problemOf(0, null);
   }
-  return t("networkError");
+  var body = null;
+  try {
+    body = JSON.parse(response.getBody());
+  } catch (ignored) {
+    body = null;
+  }
+  return problemOf(response.getStatus(), body);
 }
 
 /** tus-js-client's own rule (server errors, 409, 423, no response), shown in the row. */
@@ -127,7 +121,14 @@ function send(tus, endpoint, entry, onConflict, onProgress) {
       chunkSize: CHUNK_SIZE,
       retryDelays: RETRY_DELAYS,
       metadata: { filename: entry.file.name, on_conflict: onConflict },
-      headers: csrfHeaders(),
+      // Every request (creation, each PATCH, HEAD after a reload) carries the CSRF
+      // headers as they are at that moment: the server may renew the cookie mid-upload.
+      onBeforeRequest: function (request) {
+        var headers = csrfHeaders();
+        Object.keys(headers).forEach(function (name) {
+          request.setHeader(name, headers[name]);
+        });
+      },
       storeFingerprintForResuming: true,
       removeFingerprintOnSuccess: true,
       onShouldRetry: function (error) {
@@ -153,7 +154,7 @@ function send(tus, endpoint, entry, onConflict, onProgress) {
       onError: function (error) {
         settled = true;
         button.hidden = true;
-        reject(new Error(detailOf(error)));
+        reject(new Error(problemOfUpload(error)));
       },
     });
 

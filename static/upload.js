@@ -9,7 +9,7 @@
  * resumable threshold go through resumable.js (tus) one by one instead, each its own upload,
  * so the per-request count and total limits do not apply to them.
  */
-import { csrfHeaders, detailOf, formatSize, showDialog, t } from "./common.js";
+import { csrfHeaders, formatSize, problemOf, showDialog, t } from "./common.js";
 import { refreshList } from "./files.js";
 import { resumableUploads } from "./resumable.js";
 
@@ -234,9 +234,14 @@ function init() {
       headers: { Accept: "application/json" },
       credentials: "same-origin",
     })
-      .then(function (response) {
-        return response.ok ? response.json() : { files: [] };
-      })
+      .then(
+        function (response) {
+          return response.ok ? response.json() : { files: [] };
+        },
+        function () {
+          throw new Error(problemOf(0, null));
+        }
+      )
       .then(function (body) {
         return new Set(
           body.files.map(function (file) {
@@ -345,12 +350,12 @@ function init() {
           });
           resolve(body);
         } else {
-          reject(new Error(detailOf(body, xhr.statusText || String(xhr.status))));
+          reject(new Error(problemOf(xhr.status, body)));
         }
       });
       xhr.addEventListener("error", function () {
         currentRequest = null;
-        reject(new Error(t("networkError")));
+        reject(new Error(problemOf(0, null)));
       });
       xhr.addEventListener("abort", function () {
         currentRequest = null;

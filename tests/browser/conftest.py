@@ -4,6 +4,11 @@ Playwright never downloads a browser here: it drives `/usr/bin/chromium` (`make 
 installs it). Every test gets a fresh data dir and server, and a browser page that records
 console errors and dialogs; a page that logged an error fails its test. Screenshots go
 to the run's temporary folder and their paths are listed at the end of the run.
+
+The file-manager tests run in both modes of SPEC 7.1 through the `mode` parameter of the
+`live` server: accounts on (the default), where every page first signs in through the
+real login page, and single-user. Both run in the first pass of `make test`; with
+`DEER_FLOW_AUTH_DISABLED=1` (which forces accounts off) the accounts runs are skipped.
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ from playwright.sync_api import Playwright
 from playwright.sync_api import sync_playwright
 from werkzeug.serving import make_server
 
+from tests.browser.helpers import ACCOUNTS
+from tests.browser.helpers import MODES
 from tests.browser.helpers import SCREENSHOTS
+from tests.browser.helpers import SINGLE_USER
+from tests.browser.helpers import BrowserAccount
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
+from tests.browser.helpers import create_account
+from tests.browser.helpers import sign_in
+from tests.browser.helpers import skip_unless_accounts_can_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -76,23 +88,35 @@ def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("screenshots")
 
 
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """The mode a file-manager test serves: accounts on (signed in), then single-user."""
+    return request.param
+
+
 @pytest.fixture
 def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
     """Start the app (CSRF on, as in production) on a free loopback port."""
     servers = []
 
-    def start(uploads: dict[str, Any] | None = None, *, accounts: bool = False) -> LiveServer:
-        """The file-manager tests run single-user (accounts add nothing to what they check);
-        `accounts=True` serves a fresh install with accounts on, for the account tests."""
-        auth = {"enabled": True} if accounts else {"enabled": False}
+    def start(
+        uploads: dict[str, Any] | None = None, *, mode: str = SINGLE_USER, account: bool = True
+    ) -> LiveServer:
+        """Serve `mode`. With accounts on the app has the account pages sign in as, or,
+        with `account=False`, is a fresh install (no account yet), for the account tests."""
+        skip_unless_accounts_can_run(mode)
+        auth = {"enabled": mode == ACCOUNTS}
         app = make_app(
             uploads=uploads, auth=auth, test_user=False, WTF_CSRF_ENABLED=True, TESTING=False
         )
+        chosen = BrowserAccount() if mode == ACCOUNTS and account else None
+        if chosen is not None:
+            create_account(app, chosen)
         server = make_server("127.0.0.1", 0, app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         servers.append((server, thread))
-        return LiveServer(app, f"http://127.0.0.1:{server.server_port}")
+        return LiveServer(app, f"http://127.0.0.1:{server.server_port}", chosen)
 
     yield start
     for server, thread in servers:
@@ -102,9 +126,9 @@ def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
 
 
 @pytest.fixture
-def live(start_server: Callable[..., LiveServer]) -> LiveServer:
-    """The app with default limits."""
-    return start_server()
+def live(start_server: Callable[..., LiveServer], mode: str) -> LiveServer:
+    """The app with default limits, in each mode."""
+    return start_server(mode=mode)
 
 
 def _watch(context: BrowserContext, screenshot_dir: Path) -> Watched:
@@ -144,7 +168,14 @@ def open_page(browser: Browser, screenshot_dir: Path) -> Iterator[Callable[..., 
     """Open watched pages; each must end with no console error and no native dialog."""
     opened: list[Watched] = []
 
-    def factory(*, javascript: bool = True, width: int = 1280, language: str = "en-US") -> Watched:
+    def factory(
+        *,
+        javascript: bool = True,
+        width: int = 1280,
+        language: str = "en-US",
+        server: LiveServer | None = None,
+    ) -> Watched:
+        """A new browser context; signed in to `server` when it has an account."""
         context = browser.new_context(
             viewport={"width": width, "height": 900},
             java_script_enabled=javascript,
@@ -155,6 +186,10 @@ def open_page(browser: Browser, screenshot_dir: Path) -> Iterator[Callable[..., 
         context.set_default_timeout(10_000)
         watched = _watch(context, screenshot_dir)
         opened.append(watched)
+        if server is not None and server.account is not None:
+            sign_in(watched.page, server.url, server.account)
+            watched.signed_in = True
+            watched.posts.clear()  # what the test's own steps send, not the sign-in
         return watched
 
     yield factory
@@ -167,6 +202,7 @@ def open_page(browser: Browser, screenshot_dir: Path) -> Iterator[Callable[..., 
 
 
 @pytest.fixture
-def page(open_page: Callable[..., Watched]) -> Watched:
-    """A watched page with JavaScript on, at desktop width, in English."""
-    return open_page()
+def page(open_page: Callable[..., Watched], live: LiveServer) -> Watched:
+    """A watched page with JavaScript on, at desktop width, in English, signed in to `live`
+    when accounts are on."""
+    return open_page(server=live)

@@ -1,4 +1,4 @@
-"""What the browser tests share: the live server handle and the watched page."""
+"""What the browser tests share: the live server handle, its account and the watched page."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import field
 from io import BytesIO
 from pathlib import Path
 
+import pytest
 from flask import Flask
 from playwright.sync_api import BrowserContext
 from playwright.sync_api import Page
@@ -14,31 +15,89 @@ from playwright.sync_api import Page
 from deerflow_web.models import IncomingFile
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.web.wiring import EXTENSION_KEY
+from tests.conftest import AUTH_ON
 
 SCREENSHOTS: list[tuple[str, Path]] = []
+
+# The two modes of SPEC 7.1 the file-manager tests run in: accounts on (the default), as a
+# signed-in user, and the single-user mode.
+ACCOUNTS = "accounts"
+SINGLE_USER = "single-user"
+MODES = (ACCOUNTS, SINGLE_USER)
+
+
+@dataclass(frozen=True)
+class BrowserAccount:
+    """The person the pages sign in as when accounts are on (an admin created them)."""
+
+    email: str = "reader@example.com"
+    password: str = "a browser password"
+    user_id: str = "browser-user"
+
+
+def skip_unless_accounts_can_run(mode: str) -> None:
+    """DEER_FLOW_AUTH_DISABLED=1 turns accounts off whatever the config says."""
+    if mode == ACCOUNTS and not AUTH_ON:
+        pytest.skip("accounts are off (DEER_FLOW_AUTH_DISABLED)")
+
+
+def create_account(app: Flask, account: BrowserAccount) -> None:
+    """Create the account in the app's database, as an administrator would."""
+    accounts = app.extensions[EXTENSION_KEY].accounts
+    accounts.create_user(account.email, account.password, role="admin", user_id=account.user_id)
+
+
+def sign_in(page: Page, url: str, account: BrowserAccount) -> None:
+    """Sign in through the real login page, as a person would; wait until it let us in."""
+    page.goto(f"{url}/login")
+    page.fill("#email", account.email)
+    page.fill("#password", account.password)
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda address: "/login" not in address and "/setup" not in address)
 
 
 @dataclass
 class LiveServer:
-    """A running app and helpers to put files in it without a browser."""
+    """A running app and helpers to put files in it without a browser.
+
+    With accounts on, `account` is the user the pages sign in as, and the helpers read and
+    write that user's threads (SPEC D1's per-user layout).
+    """
 
     app: Flask
     url: str
+    account: BrowserAccount | None = None
 
     @property
     def service(self) -> UploadService:
         return self.app.extensions[EXTENSION_KEY].uploads
 
+    @property
+    def user_id(self) -> str | None:
+        """Whose threads the pages show: the account's, or None (the single-user layout)."""
+        return None if self.account is None else self.account.user_id
+
     def seed(self, thread_id: str, files: dict[str, bytes]) -> None:
-        """Store files through the upload service (any name, even ones browsers re-encode)."""
+        """Store files through the upload service (any name, even ones browsers re-encode),
+        in a thread the signed-in user owns."""
+        if self.user_id is not None:
+            self.app.extensions[EXTENSION_KEY].owners.claim(thread_id, self.user_id)
         incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
-        self.service.save_uploads(thread_id, incoming)
+        self.service.save_uploads(thread_id, incoming, user_id=self.user_id)
+
+    def uploads_dir(self, thread_id: str) -> Path:
+        return self.service.uploads_dir(thread_id, self.user_id)
+
+    def area_dir(self, thread_id: str, area: str) -> Path:
+        """One of the thread's areas (uploads, outputs, workspace), created."""
+        self.service.paths.ensure_thread_dirs(thread_id, self.user_id)
+        return self.service.paths.area_dir(thread_id, area, self.user_id)
 
     def names(self, thread_id: str) -> list[str]:
-        return [record.filename for record in self.service.list_uploads(thread_id)]
+        return [record.filename for record in self.service.list_uploads(thread_id, self.user_id)]
 
     def read(self, thread_id: str, name: str) -> bytes:
-        return (self.service.uploads_dir(thread_id) / name).read_bytes()
+        return (self.uploads_dir(thread_id) / name).read_bytes()
 
 
 @dataclass
@@ -52,10 +111,13 @@ class Watched:
     posts: list[str] = field(default_factory=list)
     screenshot_dir: Path | None = None
     allowed_errors: list[str] = field(default_factory=list)
+    signed_in: bool = False
 
     def shoot(self, name: str, *, full_page: bool = True) -> Path:
-        """Save a screenshot into the run's temporary folder and remember its path."""
+        """Save a screenshot into the run's temporary folder and remember its path (a signed-in
+        page's name ends in `-signed-in`, so the two modes' shots are both kept)."""
         assert self.screenshot_dir is not None
+        name = f"{name}-signed-in" if self.signed_in else name
         path = self.screenshot_dir / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=full_page)
         SCREENSHOTS.append((name, path))

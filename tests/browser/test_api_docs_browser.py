@@ -66,3 +66,23 @@ def test_every_page_links_the_docs_in_its_footer(page: Watched, live: LiveServer
     page.page.goto(live.url + "/")
     page.page.locator("footer").get_by_role("link", name="API documentation").click()
     expect(page.page).to_have_url(live.url + "/api/docs")
+
+
+def test_try_it_out_changes_data_as_the_signed_in_page(page: Watched, live: LiveServer) -> None:
+    """A state-changing call from the docs page carries the page's CSRF headers, so with
+    accounts on it is made as the signed-in person, like the file manager's."""
+    live.seed("docs-thread", {"old.txt": b"old"})
+    page.page.goto(live.url + "/api/docs")
+    path = "/api/threads/{thread_id}/uploads/{filename}"
+    operation = page.page.locator(".opblock-delete").filter(
+        has=page.page.locator(f".opblock-summary-path[data-path='{path}']")
+    )
+    expect(operation).to_have_count(1)
+    operation.locator(".opblock-summary").click()
+    operation.get_by_role("button", name="Try it out").click()
+    operation.locator("tr[data-param-name='thread_id'] input").fill("docs-thread")
+    operation.locator("tr[data-param-name='filename'] input").fill("old.txt")
+    operation.get_by_role("button", name="Execute").click()
+    answer = operation.locator(".live-responses-table tbody .response .response-col_status")
+    expect(answer).to_have_text("200")
+    assert live.names("docs-thread") == []

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.helpers import ACCOUNTS
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.browser.test_browser_uploads import RECORD_PROGRESS
@@ -46,13 +47,14 @@ def sign_in(watched: Watched, live: LiveServer, email: str, password: str) -> No
 
 @pytest.fixture
 def accounts_live(start_server: Callable[..., LiveServer]) -> LiveServer:
-    return start_server(accounts=True)
+    return start_server(mode=ACCOUNTS, account=False)  # a fresh install
 
 
 def test_setup_sign_in_upload_token_sign_out(
-    page: Watched, accounts_live: LiveServer, tmp_path
+    open_page: Callable[..., Watched], accounts_live: LiveServer, tmp_path
 ) -> None:
     live = accounts_live
+    page = open_page()  # not signed in: the test makes the first account itself
     set_up_admin(page, live)
 
     # Upload with progress: the script sends the csrf_token cookie back in X-CSRF-Token.

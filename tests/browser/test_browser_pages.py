@@ -86,8 +86,7 @@ def test_other_previews_render_without_errors(page: Watched, live: LiveServer) -
         THREAD,
         {"data.csv": b"name,value\nalpha,1\n", "conf.json": b'{"a":[1,2]}', "x.bin": b"\0\1"},
     )
-    live.service.paths.ensure_thread_dirs(THREAD)
-    outputs = live.service.paths.area_dir(THREAD, "outputs")
+    outputs = live.area_dir(THREAD, "outputs")
     (outputs / "charts").mkdir()
     (outputs / "charts" / "c.png").write_bytes(PNG)
     (outputs / "summary.md").write_text("# Done\n")
@@ -164,7 +163,7 @@ def test_filter_select_all_rename_and_keyboard(page: Watched, live: LiveServer) 
 def test_no_javascript_forms_with_csrf(
     open_page: Callable[..., Watched], live: LiveServer, tmp_path
 ) -> None:
-    page = open_page(javascript=False)
+    page = open_page(javascript=False, server=live)
     live.seed(THREAD, {"old.txt": b"old"})
     page.page.goto(f"{live.url}/threads/{THREAD}")
     expect(page.page.locator(".drop-hint")).to_be_hidden()
@@ -225,7 +224,7 @@ def test_hostile_filename_is_inert(page: Watched, live: LiveServer) -> None:
 
 
 def test_phone_width(open_page: Callable[..., Watched], live: LiveServer) -> None:
-    page = open_page(width=390)
+    page = open_page(width=390, server=live)
     live.seed(THREAD, {"a long file name for a phone screen.txt": b"x", "b.csv": b"a,b\n"})
     page.page.goto(f"{live.url}/threads/{THREAD}")
     assert page.page.evaluate("() => document.documentElement.scrollWidth") <= 390
@@ -244,7 +243,7 @@ def test_page_polls_while_a_conversion_runs(page: Watched, live: LiveServer) -> 
     service = live.service
 
     def update(name: str, **changes) -> None:
-        with service.records.locked(service.paths.scope(THREAD)) as txn:
+        with service.records.locked(service.paths.scope(THREAD, live.user_id)) as txn:
             stored = txn.get(name)
             txn.put(StoredRecord(replace(stored.record, **changes), stored.mtime_ns, stored.inode))
 
@@ -300,7 +299,7 @@ def test_names_placed_on_disk_show_escaped_in_the_page_and_its_dialogs(
     disguised = "evil\u202etxt.exe"
     disguised_shown = "evil\\u202etxt.exe"
     live.seed(THREAD, {"plain.txt": b"p"})
-    folder = live.service.uploads_dir(THREAD)
+    folder = live.uploads_dir(THREAD)
     (folder / broken).write_bytes(b"x")
     (folder / disguised).write_bytes(b"y")
     page.page.goto(f"{live.url}/threads/{THREAD}")

@@ -1,5 +1,7 @@
 """Large files in the file manager go through tus: pause and resume, a page reload, a server
-restart between two chunks; the file ends up stored and listed once (SPEC 8)."""
+restart between two chunks; the file ends up stored and listed once (SPEC 8). Each runs
+with accounts on (signed in: every tus request carries the session and the CSRF header)
+and single-user."""
 
 from __future__ import annotations
 
@@ -9,14 +11,20 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import uploads_dir
 from playwright.sync_api import expect
 
 from deerflow_web.storage.paths import is_staging_name
+from tests.browser.helpers import ACCOUNTS
+from tests.browser.helpers import BrowserAccount
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
+from tests.browser.helpers import create_account
+from tests.browser.helpers import sign_in
+from tests.browser.helpers import skip_unless_accounts_can_run
+from tests.conftest import uploads_dir
 from tests.live_server import start_server
 
 pytestmark = pytest.mark.browser
@@ -52,9 +60,8 @@ def throttle(watched: Watched, bytes_per_second: int) -> None:
     )
 
 
-def staged_bytes(base_dir: Path) -> int:
+def staged_bytes(folder: Path) -> int:
     """What the server holds of the upload in progress (0 before it has begun)."""
-    folder = uploads_dir(base_dir, THREAD, None)  # the live server runs single-user
     if not folder.exists():
         return 0
     sizes = [(folder / n).stat().st_size for n in os.listdir(folder) if is_staging_name(n)]
@@ -76,7 +83,7 @@ def choose_and_send(watched: Watched, url: str, path: Path) -> None:
     watched.page.click("#upload-button")
 
 
-def assert_stored_once(watched: Watched, base_dir: Path, path: Path) -> None:
+def assert_stored_once(watched: Watched, folder: Path, path: Path) -> None:
     page = watched.page
     expect(page.locator("#upload-status")).to_have_text("Uploaded 1 file(s).", timeout=90_000)
     bar = page.locator("#total-progress-bar")
@@ -85,7 +92,7 @@ def assert_stored_once(watched: Watched, base_dir: Path, path: Path) -> None:
     rows = page.locator("#files-table tbody tr")
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text(path.name)
-    stored = uploads_dir(base_dir, THREAD, None) / path.name  # the live server is single-user
+    stored = folder / path.name
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert hashlib.sha256(stored.read_bytes()).hexdigest() == digest
     assert [n for n in os.listdir(stored.parent) if is_staging_name(n)] == []
@@ -95,40 +102,42 @@ def assert_stored_once(watched: Watched, base_dir: Path, path: Path) -> None:
 
 
 def test_large_upload_is_paused_and_resumed(
-    page: Watched, live: LiveServer, big_file: Path, base_dir: Path
+    page: Watched, live: LiveServer, big_file: Path
 ) -> None:
+    folder = live.uploads_dir(THREAD)
     throttle(page, 12 * MIB)
     choose_and_send(page, live.url, big_file)
     row = page.page.locator("#upload-queue .upload-item.resumable")
     expect(row.locator(".transfer")).to_have_text(re.compile(r"MiB of 40 MiB · .+/s · .+ left"))
-    wait_until(lambda: staged_bytes(base_dir) >= 10 * MIB)
+    wait_until(lambda: staged_bytes(folder) >= 10 * MIB)
     row.locator(".pause").click()
     expect(row.locator(".pause")).to_have_text("Resume")
     expect(row.locator(".transfer")).to_contain_text("paused")
     time.sleep(0.5)  # the aborted chunk's last bytes land
-    held = staged_bytes(base_dir)
+    held = staged_bytes(folder)
     shown = row.locator("progress").evaluate("bar => bar.value")
     page.shoot("resumable-paused")
     time.sleep(1.5)
-    assert staged_bytes(base_dir) == held  # paused means no bytes move
+    assert staged_bytes(folder) == held  # paused means no bytes move
     assert row.locator("progress").evaluate("bar => bar.value") == shown
     assert 10 * MIB <= held < SIZE
 
     row.locator(".pause").click()
     expect(row.locator(".pause")).to_have_text("Pause")
-    assert_stored_once(page, base_dir, big_file)
+    assert_stored_once(page, folder, big_file)
     page.shoot("resumable-done")
 
 
 def test_upload_resumes_after_a_page_reload(
-    page: Watched, live: LiveServer, big_file: Path, base_dir: Path
+    page: Watched, live: LiveServer, big_file: Path
 ) -> None:
+    folder = live.uploads_dir(THREAD)
     throttle(page, 12 * MIB)
     choose_and_send(page, live.url, big_file)
-    wait_until(lambda: staged_bytes(base_dir) >= 9 * MIB)
+    wait_until(lambda: staged_bytes(folder) >= 9 * MIB)
     page.page.reload()
     time.sleep(0.5)
-    held = staged_bytes(base_dir)
+    held = staged_bytes(folder)
     patches: list[str] = []
     page.page.on(
         "request",
@@ -145,28 +154,72 @@ def test_upload_resumes_after_a_page_reload(
     assert not [u for u in page.posts if u.endswith("/uploads/tus")]
     rows = page.page.locator("#files-table tbody tr")
     expect(rows).to_have_count(1)
-    stored = uploads_dir(base_dir, THREAD, None) / big_file.name  # single-user server
+    stored = folder / big_file.name
     assert stored.read_bytes() == big_file.read_bytes()
 
 
 @pytest.fixture
-def gunicorn(base_dir: Path):
-    """A real gunicorn server that the test can kill and start again on the same port."""
-    with start_server(base_dir, single_user=True) as server:
-        yield server
+def gunicorn(base_dir: Path, make_app: Callable[..., Any], mode: str):
+    """A real gunicorn server that the test can kill and start again on the same port;
+    with accounts on, over a data dir holding the account the page signs in as."""
+    skip_unless_accounts_can_run(mode)
+    account = None
+    if mode == ACCOUNTS:
+        account = BrowserAccount()
+        create_account(make_app(auth={"enabled": True}, test_user=False), account)
+    with start_server(base_dir, single_user=mode != ACCOUNTS) as server:
+        yield server, account
 
 
 def test_upload_survives_a_server_restart_between_two_chunks(
-    page: Watched, gunicorn, big_file: Path, base_dir: Path
+    open_page: Callable[..., Watched], gunicorn, big_file: Path, base_dir: Path
 ) -> None:
+    """With accounts on, the session and its CSRF cookie outlive the restart too."""
+    server, account = gunicorn
+    page = open_page()
+    if account is not None:
+        sign_in(page.page, server.url, account)
+        page.signed_in = True
+        page.posts.clear()
+    folder = uploads_dir(base_dir, THREAD, None if account is None else account.user_id)
     page.allowed_errors.extend(NETWORK_ERRORS)
     throttle(page, 12 * MIB)
-    choose_and_send(page, gunicorn.url, big_file)
-    wait_until(lambda: staged_bytes(base_dir) >= 8 * MIB)  # the first chunk is stored
-    gunicorn.kill()
-    held = staged_bytes(base_dir)
+    choose_and_send(page, server.url, big_file)
+    wait_until(lambda: staged_bytes(folder) >= 8 * MIB)  # the first chunk is stored
+    server.kill()
+    held = staged_bytes(folder)
     row = page.page.locator("#upload-queue .upload-item.resumable")
     expect(row.locator(".transfer")).to_have_text("Connection lost; retrying…", timeout=20_000)
-    gunicorn.start()
-    assert_stored_once(page, base_dir, big_file)
+    server.start()
+    assert_stored_once(page, folder, big_file)
     assert held >= 8 * MIB
+
+
+def test_signed_in_upload_of_20_mib_goes_through_tus_and_is_stored_intact(
+    open_page: Callable[..., Watched], start_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    """The default mode: every tus request a signed-in page sends passes the CSRF check, and
+    the stored bytes and their recorded sha256 are the chosen file's."""
+    live = start_server(mode=ACCOUNTS)
+    page = open_page(server=live)
+    path = tmp_path / "scan 扫描.bin"
+    path.write_bytes(os.urandom(20 * MIB))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    statuses: list[tuple[str, int]] = []
+    page.page.on(
+        "response",
+        lambda response: (
+            statuses.append((response.request.method, response.status))
+            if "/uploads/tus" in response.url
+            else None
+        ),
+    )
+    choose_and_send(page, live.url, path)
+    expect(page.page.locator("#upload-status")).to_have_text("Uploaded 1 file(s).", timeout=90_000)
+    assert [method for method, _ in statuses] == ["POST", "PATCH", "PATCH", "PATCH"]  # 8 MiB chunks
+    assert all(status < 300 for _, status in statuses), statuses
+    stored = live.uploads_dir(THREAD) / path.name
+    assert hashlib.sha256(stored.read_bytes()).hexdigest() == digest
+    (record,) = live.service.list_uploads(THREAD, live.user_id)
+    assert (record.filename, record.size, record.sha256) == (path.name, 20 * MIB, digest)
+    assert not any(u.endswith("/uploads") or "/upload?" in u for u in page.posts)

@@ -123,10 +123,11 @@ def test_cancel_stops_the_upload_and_stores_nothing(page: Watched, live: LiveSer
 
 
 def test_limit_violations_are_explained_and_nothing_is_sent(
-    open_page: Callable[..., Watched], start_server: Callable[..., LiveServer]
+    open_page: Callable[..., Watched], start_server: Callable[..., LiveServer], mode: str
 ) -> None:
-    live = start_server(uploads={"max_files": 2, "max_file_size": 1000, "max_total_size": 1500})
-    page = open_page()
+    limits = {"max_files": 2, "max_file_size": 1000, "max_total_size": 1500}
+    live = start_server(uploads=limits, mode=mode)
+    page = open_page(server=live)
     open_thread(page, live)
     expect(page.page.locator("#upload-limits")).to_contain_text(
         "Up to 2 files per upload, 1000 B each, 1.5 KiB in total."

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.helpers import ACCOUNTS
+from tests.browser.helpers import SINGLE_USER
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.documents import make_docx
@@ -25,12 +27,22 @@ def _seed(live: LiveServer, tmp_path: Path) -> None:
     live.seed(THREAD, {"report.docx": docx.read_bytes(), "notes.txt": b"zinc notes\n"})
 
 
-@pytest.mark.parametrize("javascript", (True, False), ids=("js", "no-js"))
+# The page has no script of its own: with or without JavaScript only the browser differs,
+# not the server, so the no-script run is not repeated with accounts on.
+@pytest.mark.parametrize(
+    ("mode", "javascript"),
+    ((ACCOUNTS, True), (SINGLE_USER, True), (SINGLE_USER, False)),
+    ids=("accounts-js", "single-user-js", "single-user-no-js"),
+)
 def test_read_file_and_grep_show_what_the_model_gets(
-    open_page: Callable[..., Watched], live: LiveServer, tmp_path: Path, javascript: bool
+    open_page: Callable[..., Watched],
+    live: LiveServer,
+    tmp_path: Path,
+    mode: str,
+    javascript: bool,
 ) -> None:
     _seed(live, tmp_path)
-    watched = open_page(javascript=javascript)
+    watched = open_page(javascript=javascript, server=live)
     page = watched.page
     page.goto(f"{live.url}/threads/{THREAD}/chat")
     panel = page.locator("#tools")
@@ -67,7 +79,7 @@ def test_a_tool_error_is_shown_as_the_model_reads_it_in_chinese_too(
     open_page: Callable[..., Watched], live: LiveServer
 ) -> None:
     live.seed(THREAD, {"old.doc": bytes.fromhex("D0CF11E0A1B11AE1") + b"\0" * 600})
-    watched = open_page(language="zh-CN")
+    watched = open_page(language="zh-CN", server=live)
     page = watched.page
     page.goto(f"{live.url}/threads/{THREAD}/chat")
     panel = page.locator("#tools")
