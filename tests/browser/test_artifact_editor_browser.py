@@ -15,9 +15,8 @@ THREAD = "editor-thread"
 
 
 def test_edit_an_output_and_refuse_a_stale_save(page: Watched, live: LiveServer) -> None:
-    outputs = live.service.paths.area_location(THREAD, Area.OUTPUTS)
-    outputs.mkdir(parents=True)
-    report = outputs / "report.md"
+    live.seed(THREAD, {"notes.txt": b"the thread's first file"})
+    report = live.area_dir(THREAD, Area.OUTPUTS.value) / "report.md"
     report.write_bytes("\n# Draft\n\n第一稿\n".encode())  # a leading newline survives too
     page.page.goto(f"{live.url}/threads/{THREAD}/files/outputs/report.md")
     editor = page.page.locator("#editor-text")
@@ -48,9 +47,7 @@ def test_edit_an_output_and_refuse_a_stale_save(page: Watched, live: LiveServer)
 
 def test_no_editor_outside_outputs_or_for_binary(page: Watched, live: LiveServer) -> None:
     live.seed(THREAD, {"upload.txt": b"an upload"})
-    outputs = live.service.paths.area_location(THREAD, Area.OUTPUTS)
-    outputs.mkdir(parents=True)
-    (outputs / "data.bin").write_bytes(b"\0\1\2binary")
+    (live.area_dir(THREAD, Area.OUTPUTS.value) / "data.bin").write_bytes(b"\0\1\2binary")
     for path in ("uploads/upload.txt", "outputs/data.bin"):
         page.page.goto(f"{live.url}/threads/{THREAD}/files/{path}")
         expect(page.page.locator("h1")).to_be_visible()
