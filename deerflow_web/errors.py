@@ -325,8 +325,13 @@ class InvalidEmail(DeerFlowError):
     """An email address that is not one."""
 
 
-class WrongPassword(DeerFlowError):
-    """The current password given to change it is wrong."""
+class WrongPassword(AuthError):
+    """The current password given to change it is wrong (400 with DeerFlow's code)."""
+
+    code = "invalid_credentials"
+
+    def __init__(self, message: str = "Current password is incorrect") -> None:
+        super().__init__(message)
 
 
 class PermissionDenied(DeerFlowError):
@@ -348,10 +353,11 @@ class TokenNotFound(DeerFlowError):
 
 
 class LockedOut(DeerFlowError):
-    """Too many failed logins from this address or for this account (SPEC 7.5)."""
+    """Too many failed logins from this address, or for this account from this address;
+    or an account being guessed at from everywhere is slowed down (SPEC 7.5)."""
 
     def __init__(self, retry_after: int) -> None:
-        super().__init__("Too many failed login attempts. Try again later.")
+        super().__init__("Too many login attempts. Try again later.")  # DeerFlow's words
         self.retry_after = retry_after
 
 
