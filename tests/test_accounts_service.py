@@ -34,6 +34,7 @@ from deerflow_web.services.accounts.service import LOCKOUT_WINDOW
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.accounts.service import account_delay
 from deerflow_web.storage.database import api_tokens
+from deerflow_web.storage.database import session_secrets
 from deerflow_web.storage.database import sessions
 from deerflow_web.storage.database import users
 from deerflow_web.storage.migrate import open_database
@@ -326,6 +327,69 @@ def test_disable_and_reset_revoke_every_api_token(accounts, alice) -> None:
     assert reset.revoked_tokens == 1 and reset.account.needs_setup
     with pytest.raises(TokenInvalid):
         accounts.token_user(third.secret)
+
+
+def test_browser_sessions_idle_out_and_every_session_ends_at_its_lifetime(
+    accounts, alice, clock
+) -> None:
+    browser = accounts.open_session(alice.id, persistent=False)
+    remembered = accounts.open_session(alice.id)
+    clock.now += 11 * 3600
+    assert accounts.check_session(browser).persistent is False  # seen: the idle clock restarts
+    clock.now += 11 * 3600
+    assert accounts.session_user(browser) == alice
+    clock.now += 12 * 3600 + 1
+    with pytest.raises(TokenExpired):
+        accounts.check_session(browser)
+    with pytest.raises(TokenInvalid):  # and its row is gone
+        accounts.check_session(browser)
+    assert accounts.check_session(remembered).persistent is True  # 34 idle hours: still alive
+    clock.now += 7 * 24 * 3600
+    with pytest.raises(TokenExpired):
+        accounts.check_session(remembered)
+
+
+def test_a_secret_kept_for_a_session_is_sealed_and_taken_once(accounts, alice, engine) -> None:
+    session = accounts.open_session(alice.id)
+    other = accounts.open_session(alice.id)
+    accounts.keep_for_session(session, "api_token", "laptop", "dfw_the-secret-value")
+    with engine.connect() as db:
+        [row] = db.execute(select(session_secrets)).all()
+    assert "the-secret-value" not in repr(tuple(row))
+    assert accounts.take_for_session(other, "api_token") == []
+    assert accounts.take_for_session(session, "temporary_password") == []
+    assert accounts.take_for_session(session, "api_token") == [("laptop", "dfw_the-secret-value")]
+    assert accounts.take_for_session(session, "api_token") == []
+
+
+def test_two_requests_racing_for_a_kept_secret_show_it_once(accounts, alice) -> None:
+    session = accounts.open_session(alice.id)
+    for round_number in range(5):
+        accounts.keep_for_session(session, "api_token", "laptop", f"dfw_secret-{round_number}")
+        barrier = threading.Barrier(4)
+        seen: list[list[tuple[str, str]]] = []
+
+        def take(barrier: threading.Barrier, seen: list) -> None:
+            barrier.wait()
+            seen.append(accounts.take_for_session(session, "api_token"))
+
+        workers = [threading.Thread(target=take, args=(barrier, seen)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert sorted(len(shown) for shown in seen) == [0, 0, 0, 1], seen
+
+
+def test_kept_secrets_end_with_their_session_and_after_15_minutes(accounts, alice, clock) -> None:
+    session = accounts.open_session(alice.id)
+    accounts.keep_for_session(session, "api_token", "a", "dfw_a")
+    accounts.end_session(session)
+    assert accounts.take_for_session(session, "api_token") == []
+    session = accounts.open_session(alice.id)
+    accounts.keep_for_session(session, "api_token", "b", "dfw_b")
+    clock.now += 15 * 60 + 1
+    assert accounts.take_for_session(session, "api_token") == []
 
 
 # --- API tokens ---------------------------------------------------------------------------
