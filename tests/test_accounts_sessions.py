@@ -498,3 +498,10 @@ def test_register_defaults_to_a_persistent_session(make_app) -> None:
         json={"email": "two@example.com", "password": "new password", "remember_me": False},
     )
     assert "Max-Age" not in set_cookies(short)["access_token"]
+
+
+def test_a_page_the_gate_never_saw_still_knows_who_is_signed_in(app: Flask) -> None:
+    client = app.test_client()
+    missing = client.get("/no/such/page")
+    assert missing.status_code == 404 and f"Signed in as {TEST_EMAIL}" in missing.text
+    assert missing.headers["Cache-Control"] == "no-store"

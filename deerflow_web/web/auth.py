@@ -142,7 +142,12 @@ def signed_in() -> SignedInUser | None:
     """The request's user, or None (accounts off, or nobody signed in)."""
     if not auth_enabled():
         return None
-    return g.get("signed_in_user")
+    if "signed_in_user" not in g:  # a request the gate never saw: a routing 404, say
+        try:
+            _identify()
+        except AuthError:
+            g.signed_in_user = None
+    return g.signed_in_user
 
 
 def csrf_value(session_secret: str) -> str:
