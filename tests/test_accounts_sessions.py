@@ -505,3 +505,15 @@ def test_a_page_the_gate_never_saw_still_knows_who_is_signed_in(app: Flask) -> N
     missing = client.get("/no/such/page")
     assert missing.status_code == 404 and f"Signed in as {TEST_EMAIL}" in missing.text
     assert missing.headers["Cache-Control"] == "no-store"
+
+
+def test_a_page_form_sent_with_a_token_keeps_no_secret(app: Flask) -> None:
+    token = accounts_of(app).create_token(USER_ID, "ci").secret
+    bearer = anonymous(app)
+    answer = bearer.post(
+        "/account/tokens", data={"name": "x"}, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status_code == 403
+    with app.extensions[EXTENSION_KEY].engine.connect() as db:
+        assert db.execute(select(session_secrets)).all() == []
+    assert [t.name for t in accounts_of(app).list_tokens(USER_ID)] == ["ci"]  # none made

@@ -50,8 +50,12 @@ def _service() -> AccountService:
 
 
 def _user() -> SignedInUser:
+    """The signed-in user, by session: these pages act on what only a session has (its
+    one-time secrets, its cookies); an API token is refused before anything is done."""
     user = signed_in()
     assert user is not None  # the request gate let only signed-in users through
+    if user.session_secret is None:
+        raise PermissionDenied(_("This page needs a signed-in session; scripts use the API."))
     return user
 
 

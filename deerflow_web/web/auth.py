@@ -48,6 +48,7 @@ from werkzeug.exceptions import Forbidden
 
 from deerflow_web.errors import AuthError
 from deerflow_web.errors import NotAuthenticated
+from deerflow_web.errors import PermissionDenied
 from deerflow_web.services.accounts.service import Account
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.security import SAFE_METHODS
@@ -207,9 +208,14 @@ def end_session() -> None:
 
 
 def keep_once(kind: str, label: str, value: str) -> None:
-    """Keep a secret for the signed-in session to show on its next page, once."""
+    """Keep a secret for the signed-in session to show on its next page, once.
+
+    A page form sent with an API token instead of a session has nowhere to keep it: 403
+    (the API answers such a secret in its own response).
+    """
     user = signed_in()
-    assert user is not None and user.session_secret is not None
+    if user is None or user.session_secret is None:
+        raise PermissionDenied("This page needs a signed-in session; scripts use the API")
     _accounts().keep_for_session(user.session_secret, kind, label, value)
 
 
