@@ -27,7 +27,20 @@ def settings_with(tmp_path: Path, environ: dict[str, str], config: dict | None =
 def test_accounts_are_on_by_default(tmp_path: Path) -> None:
     settings = settings_with(tmp_path, {})
     assert settings.auth.enabled and not settings.auth.registration_enabled
+    assert settings.auth.session_idle_hours == 12 and settings.auth.session_lifetime_days == 7
     assert settings.database_url is None and settings.trusted_proxies == 0
+
+
+def test_session_timeouts_from_the_config_and_bad_ones_fall_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = {"auth": {"session_idle_hours": "0.5", "session_lifetime_days": 30}}
+    auth = settings_with(tmp_path, {}, config).auth
+    assert auth.session_idle_hours == 0.5 and auth.session_lifetime_days == 30
+    bad = {"auth": {"session_idle_hours": -1, "session_lifetime_days": "forever"}}
+    auth = settings_with(tmp_path, {}, bad).auth
+    assert auth.session_idle_hours == 12 and auth.session_lifetime_days == 7
+    assert "auth.session_idle_hours" in caplog.text and "auth.session_lifetime_days" in caplog.text
 
 
 @pytest.mark.parametrize("value", ("1", "true", "YES"))
