@@ -517,3 +517,52 @@ def test_a_page_form_sent_with_a_token_keeps_no_secret(app: Flask) -> None:
     with app.extensions[EXTENSION_KEY].engine.connect() as db:
         assert db.execute(select(session_secrets)).all() == []
     assert [t.name for t in accounts_of(app).list_tokens(USER_ID)] == ["ci"]  # none made
+
+
+def test_deerflows_client_from_set_up_to_sign_out(make_app) -> None:
+    """The requests DeerFlow's pages send, in order: its setup page, its page guard (the
+    `access_token` cookie only), its login form, its fetch wrapper (`X-CSRF-Token` read from
+    the `csrf_token` cookie, same-site `Origin`), its account page, its logout."""
+    app = make_app(test_user=False)
+    browser = anonymous(app)
+    origin = {"Origin": "http://localhost"}
+    assert browser.get(f"{AUTH}/setup-status").get_json()["needs_setup"] is True
+    created = browser.post(
+        f"{AUTH}/initialize",
+        json={"email": "admin@example.com", "password": "admin password"},
+        headers=origin,
+    )
+    assert created.status_code == 201
+    guard = FlaskClient(app, use_cookies=False)
+    cookie = {"Cookie": f"access_token={browser.get_cookie('access_token').value}"}
+    assert guard.get(f"{AUTH}/me", headers=cookie).get_json()["needs_setup"] is False
+    browser.post(f"{AUTH}/logout", headers=origin)
+    assert guard.get(f"{AUTH}/me", headers=cookie).status_code == 401  # -> its /login page
+    signed = browser.post(
+        f"{AUTH}/login/local",
+        data={
+            "password": "admin password",
+            "remember_me": "false",
+            "username": "admin@example.com",
+        },
+        headers=origin,
+    )
+    assert signed.status_code == 200 and "Max-Age" not in set_cookies(signed)["access_token"]
+    browser.send_csrf = False  # sent by hand below, as DeerFlow's fetcher does
+    csrf = {"X-CSRF-Token": browser.get_cookie("csrf_token").value, **origin}
+    changed = browser.post(
+        f"{AUTH}/change-password",
+        json={"current_password": "admin password", "new_password": "a better password"},
+        headers=csrf,
+    )
+    assert changed.status_code == 200
+    renewed = {"X-CSRF-Token": browser.get_cookie("csrf_token").value, **origin}
+    assert renewed != csrf  # the re-issued session came with its own csrf_token
+    assert browser.get(f"{AUTH}/me").status_code == 200
+    token = browser.post(f"{AUTH}/tokens", json={"name": "ci"}, headers=renewed)
+    assert token.status_code == 201
+    stale = browser.post(f"{AUTH}/tokens", json={"name": "ci"}, headers=csrf)
+    assert stale.status_code == 403 and stale.get_json() == {"detail": "CSRF token mismatch."}
+    out = browser.post(f"{AUTH}/logout", headers=origin)
+    assert out.status_code == 200 and browser.get_cookie("access_token") is None
+    assert browser.get(f"{AUTH}/me").get_json()["detail"]["code"] == "not_authenticated"
