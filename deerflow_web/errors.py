@@ -345,6 +345,17 @@ class SelfDisable(DeerFlowError):
         super().__init__("An admin cannot disable their own account")
 
 
+class SelfReset(DeerFlowError):
+    """An admin asked to reset their own password: it would revoke the very tokens and
+    session they act with; they change it themselves instead."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "An admin cannot reset their own password; change it with "
+            "POST /api/v1/auth/change-password or on the account page"
+        )
+
+
 class TokenNotFound(DeerFlowError):
     """No API token with that id among the caller's tokens."""
 

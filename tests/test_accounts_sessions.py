@@ -566,3 +566,20 @@ def test_deerflows_client_from_set_up_to_sign_out(make_app) -> None:
     out = browser.post(f"{AUTH}/logout", headers=origin)
     assert out.status_code == 200 and browser.get_cookie("access_token") is None
     assert browser.get(f"{AUTH}/me").get_json()["detail"]["code"] == "not_authenticated"
+
+
+def test_an_admin_cannot_reset_their_own_password(app: Flask) -> None:
+    """It would revoke the very token or session they act with; they change it instead."""
+    accounts = accounts_of(app)
+    token = accounts.create_token(USER_ID, "ops").secret
+    bearer = anonymous(app)
+    headers = {"Authorization": f"Bearer {token}"}
+    refused = bearer.post(f"{ADMIN}/users/{USER_ID}/reset-password", headers=headers)
+    assert refused.status_code == 409 and "change-password" in refused.get_json()["detail"]
+    assert not accounts.get_user(USER_ID).needs_setup
+    assert bearer.get(f"{AUTH}/me", headers=headers).status_code == 200
+    page = app.test_client()
+    assert f"/admin/users/{USER_ID}/reset" not in page.get("/admin").text
+    flashed = page.post(f"/admin/users/{USER_ID}/reset", follow_redirects=True)
+    assert "Change your own password on your account page." in flashed.text
+    assert accounts.list_tokens(USER_ID) != []

@@ -23,6 +23,7 @@ from deerflow_web.errors import InvalidCredentials
 from deerflow_web.errors import LockedOut
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import SelfDisable
+from deerflow_web.errors import SelfReset
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.web.account_forms import ChangePasswordForm
 from deerflow_web.web.account_forms import IdForm
@@ -271,7 +272,7 @@ def user_action(user_id: str, action: str) -> ResponseReturnValue:
     service = _service()
     try:
         if action == "reset":
-            reset = service.reset_password(user_id)
+            reset = service.reset_password(user_id, acting_user_id=admin.id)
             assert reset.temporary_password is not None
             keep_once(TEMPORARY_PASSWORD, reset.account.email, reset.temporary_password)
             return redirect(url_for("account_pages.admin"))
@@ -286,6 +287,8 @@ def user_action(user_id: str, action: str) -> ResponseReturnValue:
             flash(_("Enabled %(email)s.", email=email), "success")
     except SelfDisable:
         flash(_("You cannot disable your own account."), "error")
+    except SelfReset:
+        flash(_("Change your own password on your account page."), "error")
     except DeerFlowError as error:
         flash(str(error), "error")
     return redirect(url_for("account_pages.admin"))

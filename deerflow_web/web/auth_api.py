@@ -290,8 +290,8 @@ def enable_user(user_id: str) -> ResponseReturnValue:
 def reset_password(user_id: str) -> ResponseReturnValue:
     """A temporary password the user must change at their next sign-in; their sessions
     end and their API tokens are revoked."""
-    _admin()
-    reset = _service().reset_password(user_id)
+    admin = _admin()
+    reset = _service().reset_password(user_id, acting_user_id=admin.id)
     return {
         "temporary_password": reset.temporary_password,
         "revoked_tokens": reset.revoked_tokens,

@@ -38,6 +38,7 @@ from deerflow_web.errors import InvalidCredentials
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import LockedOut
 from deerflow_web.errors import SelfDisable
+from deerflow_web.errors import SelfReset
 from deerflow_web.errors import TokenExpired
 from deerflow_web.errors import TokenInvalid
 from deerflow_web.errors import TokenNotFound
@@ -329,9 +330,15 @@ class AccountService:
                 ).rowcount
         return AdminChange(self.get_user(user_id), revoked)
 
-    def reset_password(self, user_id: str) -> AdminChange:
+    def reset_password(self, user_id: str, *, acting_user_id: str | None = None) -> AdminChange:
         """Give the account a random temporary password it must change; end its sessions
-        and revoke its API tokens (whoever learnt the old password may have made some)."""
+        and revoke its API tokens (whoever learnt the old password may have made some).
+
+        The admin acting cannot reset their own (`SelfReset`): they would lose the session
+        or token they act with; they change their password instead.
+        """
+        if user_id == acting_user_id:
+            raise SelfReset()
         temporary = secrets.token_urlsafe(12)
         with write_transaction(self.engine) as db:
             result = db.execute(
