@@ -349,8 +349,13 @@ class InvalidEmail(DeerFlowError):
     """An email address that is not one."""
 
 
-class WrongPassword(DeerFlowError):
-    """The current password given to change it is wrong."""
+class WrongPassword(AuthError):
+    """The current password given to change it is wrong (400 with DeerFlow's code)."""
+
+    code = "invalid_credentials"
+
+    def __init__(self, message: str = "Current password is incorrect") -> None:
+        super().__init__(message)
 
 
 class PermissionDenied(DeerFlowError):
@@ -364,6 +369,17 @@ class SelfDisable(DeerFlowError):
         super().__init__("An admin cannot disable their own account")
 
 
+class SelfReset(DeerFlowError):
+    """An admin asked to reset their own password: it would revoke the very tokens and
+    session they act with; they change it themselves instead."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "An admin cannot reset their own password; change it with "
+            "POST /api/v1/auth/change-password or on the account page"
+        )
+
+
 class TokenNotFound(DeerFlowError):
     """No API token with that id among the caller's tokens."""
 
@@ -372,10 +388,11 @@ class TokenNotFound(DeerFlowError):
 
 
 class LockedOut(DeerFlowError):
-    """Too many failed logins from this address or for this account (SPEC 7.5)."""
+    """Too many failed logins from this address, or for this account from this address;
+    or an account being guessed at from everywhere is slowed down (SPEC 7.5)."""
 
     def __init__(self, retry_after: int) -> None:
-        super().__init__("Too many failed login attempts. Try again later.")
+        super().__init__("Too many login attempts. Try again later.")  # DeerFlow's words
         self.retry_after = retry_after
 
 

@@ -145,6 +145,10 @@ class AuthSettings:
 
     enabled: bool = True
     registration_enabled: bool = False
+    # A session without "remember me" ends after this long without a request (SPEC 7.3)...
+    session_idle_hours: float = 12.0
+    # ...and every session, remembered or not, this long after signing in.
+    session_lifetime_days: float = 7.0
 
 
 PRODUCTION_NAMES = {"prod", "production"}
@@ -167,6 +171,12 @@ def auth_from(auth: Mapping[str, Any], environ: Mapping[str, str]) -> AuthSettin
     return AuthSettings(
         enabled=enabled,
         registration_enabled=parse_bool(auth.get("registration_enabled", False)),
+        session_idle_hours=positive_setting(
+            auth, "session_idle_hours", AuthSettings.session_idle_hours, section_name="auth"
+        ),
+        session_lifetime_days=positive_setting(
+            auth, "session_lifetime_days", AuthSettings.session_lifetime_days, section_name="auth"
+        ),
     )
 
 

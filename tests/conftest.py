@@ -245,13 +245,11 @@ class SignedInClient(FlaskClient):
     def sign_in(self, user_id: str) -> str:
         """Open a server-side session for the user in this client; returns its secret."""
         from deerflow_web.web.auth import CSRF_COOKIE
+        from deerflow_web.web.auth import SESSION_COOKIE
         from deerflow_web.web.auth import csrf_value
 
         secret = self.application.extensions[EXTENSION_KEY].accounts.open_session(user_id)
-        with self.session_transaction() as session:
-            session.clear()
-            session["_user_id"] = secret
-            session["_fresh"] = True
+        self.set_cookie(SESSION_COOKIE, secret)
         with self.application.app_context():
             self.set_cookie(CSRF_COOKIE, csrf_value(secret))
         return secret
@@ -260,7 +258,7 @@ class SignedInClient(FlaskClient):
         if args and not isinstance(args[0], str):
             return super().open(*args, **kwargs)  # a prepared request (redirects)
         headers = Headers(kwargs.get("headers") or {})
-        cookies = [self.get_cookie(name) for name in ("session", "csrf_token")]
+        cookies = [self.get_cookie(name) for name in ("access_token", "csrf_token", "session")]
         host = headers.get("Host") or urlsplit(kwargs.get("base_url") or "").netloc
         hostname = urlsplit(f"http://{host}").hostname if host else None
         if hostname and hostname != "localhost":

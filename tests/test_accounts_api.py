@@ -15,6 +15,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import update
 
+from deerflow_web.services.accounts.service import ADDRESS_ATTEMPTS
 from deerflow_web.storage.database import api_tokens
 from deerflow_web.web.wiring import EXTENSION_KEY
 
@@ -88,9 +89,9 @@ def test_initialize_creates_the_admin_and_signs_in(fresh: Flask, base_dir) -> No
     assert set(body) == {"id", "email", "system_role", "needs_setup", "oauth_provider"}
     assert body["email"] == "root@example.com" and body["system_role"] == "admin"
     cookies = cookie_headers(response)
-    assert "HttpOnly" in cookies["session"] and "SameSite=Lax" in cookies["session"]
+    assert "HttpOnly" in cookies["access_token"] and "SameSite=Lax" in cookies["access_token"]
     assert "SameSite=Strict" in cookies["csrf_token"] and "HttpOnly" not in cookies["csrf_token"]
-    assert "Secure" not in cookies["session"]  # plain HTTP on loopback
+    assert "Secure" not in cookies["access_token"]  # plain HTTP on loopback
     assert client.get(f"{AUTH}/me").get_json()["id"] == body["id"]
     csrf = client.get_cookie("csrf_token").value
     assert upload(client, headers={"X-CSRF-Token": csrf}).status_code == 200
@@ -142,21 +143,32 @@ def test_a_megabyte_of_json_is_refused(fresh: Flask) -> None:
 # --- login, logout, me ---------------------------------------------------------------------
 
 
-def test_login_sets_the_session_and_csrf_cookies(app: Flask) -> None:
+def test_login_sets_deerflows_cookies_persistent_by_default(app: Flask) -> None:
     client = anonymous(app)
-    response = login(client, TEST_EMAIL, TEST_PASSWORD)
+    response = login(client, TEST_EMAIL, TEST_PASSWORD)  # no remember_me: DeerFlow's True
     assert response.status_code == 200
     assert response.get_json() == {"expires_in": 7 * 24 * 3600, "needs_setup": False}
     cookies = cookie_headers(response)
-    assert "Expires" not in cookies["session"]  # a browser session without remember_me
-    assert "csrf_token" in cookies
+    assert set(cookies) == {"access_token", "deerflow_session_persistent", "csrf_token"}
+    access = cookies["access_token"]
+    for attribute in ("HttpOnly", "SameSite=Lax", "Max-Age=604800", "Path=/"):
+        assert attribute in access and attribute in cookies["deerflow_session_persistent"]
+    assert "Secure" not in access  # plain HTTP on loopback
+    assert cookies["deerflow_session_persistent"].startswith("deerflow_session_persistent=1;")
+    assert "Max-Age=604800" in cookies["csrf_token"] and "SameSite=Strict" in cookies["csrf_token"]
+    assert "HttpOnly" not in cookies["csrf_token"]
+    secret = client.get_cookie("access_token").value
+    assert len(secret) >= 43 and secret.count(".") == 0  # an opaque secret, not a JWT
     assert client.get(f"{AUTH}/me").get_json()["email"] == TEST_EMAIL
 
 
-def test_remember_me_keeps_the_session_for_seven_days(app: Flask) -> None:
-    response = login(anonymous(app), TEST_EMAIL, TEST_PASSWORD, remember_me="true")
+@pytest.mark.parametrize("value", ("false", "0", "off"))
+def test_remember_me_false_gives_a_browser_session(app: Flask, value: str) -> None:
+    response = login(anonymous(app), TEST_EMAIL, TEST_PASSWORD, remember_me=value)
     cookies = cookie_headers(response)
-    assert "Max-Age=604800" in cookies["session"] or "Expires=" in cookies["session"]
+    for name in ("access_token", "deerflow_session_persistent", "csrf_token"):
+        assert "Max-Age" not in cookies[name] and "Expires" not in cookies[name], name
+    assert cookies["deerflow_session_persistent"].startswith("deerflow_session_persistent=0;")
 
 
 @pytest.mark.parametrize(
@@ -171,7 +183,7 @@ def test_wrong_credentials_are_one_401(app: Flask, email: str, password: str) ->
         "code": "invalid_credentials",
         "message": "Incorrect email or password",
     }
-    assert "session" not in cookie_headers(response)
+    assert "access_token" not in cookie_headers(response)
     assert client.get(f"{AUTH}/me").status_code == 401
 
 
@@ -196,13 +208,13 @@ def test_lockout_after_five_failures_answers_429_with_retry_after(app: Flask) ->
     locked = login(client, TEST_EMAIL, TEST_PASSWORD)  # even the right password
     assert locked.status_code == 429
     assert 295 <= int(locked.headers["Retry-After"]) <= 300
-    assert "Too many failed login attempts" in locked.get_json()["detail"]
-    assert "session" not in cookie_headers(locked)
+    assert locked.get_json() == {"detail": "Too many login attempts. Try again later."}
+    assert "access_token" not in cookie_headers(locked)
 
 
 def test_lockout_per_client_address(app: Flask) -> None:
     client = anonymous(app)
-    for index in range(5):
+    for index in range(ADDRESS_ATTEMPTS):
         login(client, f"guess{index}@example.com", "whatever password")
     assert login(client, TEST_EMAIL, TEST_PASSWORD).status_code == 429
     other = anonymous(app).post(
@@ -216,15 +228,16 @@ def test_lockout_per_client_address(app: Flask) -> None:
 def test_logout_kills_the_session_server_side(app: Flask) -> None:
     client = anonymous(app)
     login(client, TEST_EMAIL, TEST_PASSWORD)
-    stolen = client.get_cookie("session").value  # a copy of the cookie kept by an attacker
+    stolen = client.get_cookie("access_token").value  # a copy kept by an attacker
     response = client.post(f"{AUTH}/logout")
     assert response.status_code == 200 and response.get_json()["message"]
     cleared = cookie_headers(response)
-    assert "csrf_token=;" in cleared["csrf_token"]
+    for name in ("access_token", "deerflow_session_persistent", "csrf_token"):
+        assert cleared[name].startswith(f"{name}=;"), name
     replay = anonymous(app)
-    replay.set_cookie("session", stolen)
+    replay.set_cookie("access_token", stolen)
     me = replay.get(f"{AUTH}/me")
-    assert me.status_code == 401 and detail_code(me) == "not_authenticated"
+    assert me.status_code == 401 and detail_code(me) == "token_invalid"
     assert replay.get("/api/threads/t1/uploads/list").status_code == 401
 
 
@@ -250,9 +263,10 @@ def test_cookie_writes_need_the_csrf_header(app: Flask, base_dir) -> None:
     client = app.test_client()
     client.send_csrf = False
     missing = upload(client)
-    assert missing.status_code == 403 and "CSRF" in missing.get_json()["detail"]
+    assert missing.status_code == 403
+    assert missing.get_json() == {"detail": "CSRF token missing. Include X-CSRF-Token header."}
     wrong = upload(client, headers={"X-CSRF-Token": "0" * 64})
-    assert wrong.status_code == 403
+    assert wrong.status_code == 403 and wrong.get_json() == {"detail": "CSRF token mismatch."}
     assert not uploads_dir(base_dir, "t1").exists()
     cookie = client.get_cookie("csrf_token").value
     assert upload(client, headers={"X-CSRF-Token": cookie}).status_code == 200
@@ -265,6 +279,10 @@ def test_a_planted_csrf_cookie_does_not_help(app: Flask, base_dir) -> None:
     client.set_cookie("csrf_token", "attacker-chosen")
     response = upload(client, headers={"X-CSRF-Token": "attacker-chosen"})
     assert response.status_code == 403
+    assert response.get_json() == {"detail": "CSRF token mismatch."}
+    client.delete_cookie("csrf_token")
+    no_cookie = upload(client, headers={"X-CSRF-Token": "attacker-chosen"})
+    assert no_cookie.get_json() == {"detail": "CSRF token missing. Include X-CSRF-Token header."}
     assert not uploads_dir(base_dir, "t1").exists()
 
 
@@ -367,6 +385,9 @@ def test_change_password_ends_other_sessions(app: Flask) -> None:
         json={"current_password": "nope", "new_password": "a new password"},
     )
     assert wrong.status_code == 400
+    assert wrong.get_json() == {
+        "detail": {"code": "invalid_credentials", "message": "Current password is incorrect"}
+    }
     weak = here.post(
         f"{AUTH}/change-password",
         json={"current_password": TEST_PASSWORD, "new_password": "12345678"},
@@ -376,7 +397,13 @@ def test_change_password_ends_other_sessions(app: Flask) -> None:
         f"{AUTH}/change-password",
         json={"current_password": TEST_PASSWORD, "new_password": "a new password"},
     )
-    assert done.status_code == 200 and done.get_json()["message"]
+    assert done.status_code == 200
+    assert done.get_json() == {"message": "Password changed successfully", "revoked_tokens": 0}
+    assert set(cookie_headers(done)) == {
+        "access_token",
+        "deerflow_session_persistent",
+        "csrf_token",
+    }  # a fresh session replaces this one, as DeerFlow re-issues its cookie
     assert here.get(f"{AUTH}/me").status_code == 200
     assert elsewhere.get(f"{AUTH}/me").status_code == 401
     assert login(anonymous(app), TEST_EMAIL, "a new password").status_code == 200
@@ -411,6 +438,7 @@ def test_cross_site_login_is_refused(app: Flask) -> None:
         headers={"Origin": "http://evil.example"},
     )
     assert response.status_code == 403
+    assert response.get_json() == {"detail": "Cross-site auth request denied."}
 
 
 # --- admin ---------------------------------------------------------------------------------
@@ -443,16 +471,23 @@ def test_admin_creates_disables_enables_and_resets(app: Flask, base_dir) -> None
     token = carol.post(f"{AUTH}/tokens", json={"name": "t"}).get_json()["token"]
     bearer = {"Authorization": f"Bearer {token}"}
 
-    assert admin.post(f"{ADMIN}/users/{carol_id}/disable").status_code == 200
+    disabled = admin.post(f"{ADMIN}/users/{carol_id}/disable")
+    assert disabled.status_code == 200 and disabled.get_json()["revoked_tokens"] == 1
     assert carol.get(f"{AUTH}/me").status_code == 401  # the session ended at once
     refused = anonymous(app).get(f"{AUTH}/me", headers=bearer)
     assert refused.status_code == 401 and detail_code(refused) == "token_invalid"
     assert login(anonymous(app), "carol@example.com", "carol password").status_code == 401
 
     assert admin.post(f"{ADMIN}/users/{carol_id}/enable").status_code == 200
-    assert anonymous(app).get(f"{AUTH}/me", headers=bearer).status_code == 200
+    again = anonymous(app).get(f"{AUTH}/me", headers=bearer)
+    assert again.status_code == 401 and detail_code(again) == "token_invalid"  # stays revoked
 
+    assert login(carol, "carol@example.com", "carol password").status_code == 200
+    token = carol.post(f"{AUTH}/tokens", json={"name": "t2"}).get_json()["token"]
     reset = admin.post(f"{ADMIN}/users/{carol_id}/reset-password")
+    assert reset.get_json()["revoked_tokens"] == 1 and "revoked" in reset.get_json()["message"]
+    gone = anonymous(app).get(f"{AUTH}/me", headers={"Authorization": f"Bearer {token}"})
+    assert gone.status_code == 401 and detail_code(gone) == "token_invalid"
     temporary = reset.get_json()["temporary_password"]
     fresh = anonymous(app)
     answer = login(fresh, "carol@example.com", temporary)
@@ -490,12 +525,13 @@ def test_secure_cookies_behind_a_trusted_https_proxy(make_app) -> None:
         headers={"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"},
     )
     cookies = cookie_headers(response)
-    assert "Secure" in cookies["session"] and "Secure" in cookies["csrf_token"]
+    for name in ("access_token", "deerflow_session_persistent", "csrf_token"):
+        assert "Secure" in cookies[name], name
 
 
 def test_forwarded_headers_are_ignored_without_trusted_proxies(app: Flask) -> None:
     client = anonymous(app)
-    for index in range(5):  # a spoofed X-Forwarded-For must not dodge the address lockout
+    for index in range(ADDRESS_ATTEMPTS):  # a spoofed X-Forwarded-For must not dodge the lock
         login(
             client,
             f"guess{index}@example.com",
@@ -507,4 +543,6 @@ def test_forwarded_headers_are_ignored_without_trusted_proxies(app: Flask) -> No
         headers={"X-Forwarded-For": "198.51.100.7", "X-Forwarded-Proto": "https"},
     )
     assert response.status_code == 429
-    assert "Secure" not in cookie_headers(response).get("session", "")
+    assert "access_token" not in cookie_headers(response)
+    page = anonymous(app).get("/login", headers={"X-Forwarded-Proto": "https"})
+    assert "__Host-" not in " ".join(page.headers.getlist("Set-Cookie"))

@@ -27,7 +27,20 @@ def settings_with(tmp_path: Path, environ: dict[str, str], config: dict | None =
 def test_accounts_are_on_by_default(tmp_path: Path) -> None:
     settings = settings_with(tmp_path, {})
     assert settings.auth.enabled and not settings.auth.registration_enabled
+    assert settings.auth.session_idle_hours == 12 and settings.auth.session_lifetime_days == 7
     assert settings.database_url is None and settings.trusted_proxies == 0
+
+
+def test_session_timeouts_from_the_config_and_bad_ones_fall_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = {"auth": {"session_idle_hours": "0.5", "session_lifetime_days": 30}}
+    auth = settings_with(tmp_path, {}, config).auth
+    assert auth.session_idle_hours == 0.5 and auth.session_lifetime_days == 30
+    bad = {"auth": {"session_idle_hours": -1, "session_lifetime_days": "forever"}}
+    auth = settings_with(tmp_path, {}, bad).auth
+    assert auth.session_idle_hours == 12 and auth.session_lifetime_days == 7
+    assert "auth.session_idle_hours" in caplog.text and "auth.session_lifetime_days" in caplog.text
 
 
 @pytest.mark.parametrize("value", ("1", "true", "YES"))
@@ -79,8 +92,31 @@ def test_single_user_mode_is_the_first_release(make_app, base_dir: Path) -> None
         assert db.execute(text("SELECT COUNT(*) FROM thread_owners")).scalar_one() == 0
     assert client.get("/").status_code == 200
     assert "Sign out" not in client.get("/").get_data(as_text=True)
-    for path in ("/api/v1/auth/me", "/api/v1/auth/setup-status", "/login", "/setup", "/account"):
+    for path in ("/api/v1/auth/login/local", "/api/v1/auth/tokens", "/login", "/setup", "/account"):
         assert client.get(path).status_code == 404, path
+
+
+def test_single_user_mode_answers_deerflows_me_and_setup_status(make_app) -> None:
+    """DeerFlow's UI asks both on every page; DEER_FLOW_AUTH_DISABLED=1 answers them so."""
+    app = make_app(auth={"enabled": False})
+    client = app.test_client()
+    client.set_cookie("access_token", "garbage")  # ignored, as DeerFlow does in this mode
+    me = client.get("/api/v1/auth/me")
+    assert me.status_code == 200 and me.headers["Cache-Control"] == "no-store"
+    assert me.get_json() == {
+        "id": "default",
+        "email": "default@test.local",
+        "system_role": "admin",
+        "needs_setup": False,
+        "oauth_provider": None,
+    }
+    status = client.get("/api/v1/auth/setup-status")
+    assert status.get_json() == {"needs_setup": False, "registration_enabled": False}
+    document = client.get("/openapi.json").get_json()
+    assert {"/api/v1/auth/me", "/api/v1/auth/setup-status"} <= set(document["paths"])
+    assert not any(path.startswith("/api/v1/admin") for path in document["paths"])
+    assert "/api/v1/auth/login/local" not in document["paths"]
+    assert client.post("/api/v1/auth/me").status_code == 405
 
 
 @needs_auth

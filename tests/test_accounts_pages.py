@@ -103,14 +103,16 @@ def test_wrong_password_and_lockout_on_the_page(app: Flask) -> None:
 def test_sign_out_ends_the_session_and_the_thread_page_asks_again(app: Flask) -> None:
     client = anonymous(app)
     sign_in(client, TEST_EMAIL, TEST_PASSWORD)
-    stolen = client.get_cookie("session").value
+    stolen = client.get_cookie("access_token").value
     response = client.post("/logout")
     assert response.status_code == 302 and response.headers["Location"] == "/login"
     again = client.get("/threads/t1")
     assert again.headers["Location"] == "/login?next=/threads/t1"
     replay = anonymous(app)
-    replay.set_cookie("session", stolen)
-    assert replay.get("/threads/t1").status_code == 302
+    replay.set_cookie("access_token", stolen)
+    bounced = replay.get("/threads/t1")
+    assert bounced.status_code == 302
+    assert "access_token=;" in " ".join(bounced.headers.getlist("Set-Cookie"))  # cleared
 
 
 def test_logout_form_needs_its_csrf_token(make_app) -> None:
@@ -189,9 +191,11 @@ def test_admin_page_manages_users(app: Flask, client: FlaskClient) -> None:
     assert dora_client.get("/").status_code == 302
     assert client.post(f"/admin/users/{dora.id}/enable").status_code == 302
     reset = client.post(f"/admin/users/{dora.id}/reset")
-    assert reset.status_code == 200
-    temporary = re.search(r'value="([^"]+)" aria-label="Temporary password"', text(reset))
-    assert temporary is not None
+    assert reset.status_code == 302 and reset.headers["Location"] == "/admin"
+    shown = text(client.get("/admin"))
+    temporary = re.search(r'value="([^"]+)" aria-label="Temporary password"', shown)
+    assert temporary is not None and "API tokens revoked" in shown
+    assert temporary.group(1) not in text(client.get("/admin"))  # shown once
     assert accounts.get_user(dora.id).needs_setup
     again = sign_in(anonymous(app), "dora@example.com", temporary.group(1))
     assert again.headers["Location"] == "/account"
@@ -203,7 +207,7 @@ def test_admin_page_manages_users(app: Flask, client: FlaskClient) -> None:
 def test_a_reset_password_must_be_changed_first(app: Flask) -> None:
     accounts = app.extensions[EXTENSION_KEY].accounts
     erin = accounts.create_user("erin@example.com", "erin password")
-    temporary = accounts.reset_password(erin.id)
+    temporary = accounts.reset_password(erin.id).temporary_password
     client = anonymous(app)
     response = sign_in(client, "erin@example.com", temporary, "/threads/t1")
     assert response.headers["Location"] == "/account"

@@ -27,9 +27,16 @@ from deerflow_web.services.accounts.owners import ThreadOwners
 from deerflow_web.services.accounts.passwords import Passwords
 from deerflow_web.services.accounts.passwords import check_password_rules
 from deerflow_web.services.accounts.passwords import normalize_email
+from deerflow_web.services.accounts.service import ACCOUNT_MAX_DELAY
+from deerflow_web.services.accounts.service import ADDRESS_ATTEMPTS
+from deerflow_web.services.accounts.service import LOCKOUT_ATTEMPTS
+from deerflow_web.services.accounts.service import LOCKOUT_WINDOW
 from deerflow_web.services.accounts.service import AccountService
+from deerflow_web.services.accounts.service import account_delay
 from deerflow_web.storage.database import api_tokens
+from deerflow_web.storage.database import session_secrets
 from deerflow_web.storage.database import sessions
+from deerflow_web.storage.database import users
 from deerflow_web.storage.migrate import open_database
 
 
@@ -155,23 +162,50 @@ def fail(accounts: AccountService, email: str, address: str, times: int) -> None
             accounts.authenticate(email, "wrong password", address)
 
 
-def test_five_failures_for_an_account_lock_it_for_five_minutes(accounts, alice, clock) -> None:
-    for index in range(5):  # from five different addresses: the account counts
-        fail(accounts, "alice@example.com", f"10.0.0.{index}", 1)
-        clock.now += 10
-    with pytest.raises(LockedOut) as locked:
+def test_guesses_at_an_account_from_everywhere_slow_it_down_without_locking_it(
+    accounts, alice, clock
+) -> None:
+    """The account is slowed by a doubling delay (never a 5-minute lock): its owner, from
+    anywhere, waits at most ACCOUNT_MAX_DELAY after the latest guess."""
+    address = iter(f"10.0.{index // 250}.{index % 250}" for index in range(1000))
+    fail(accounts, "alice@example.com", next(address), 4)
+    fail(accounts, "alice@example.com", next(address), 1)  # five: the next try waits 1 s
+    waits = []
+    for _ in range(10):
+        with pytest.raises(LockedOut) as slowed:
+            accounts.authenticate("alice@example.com", "wrong password", next(address))
+        waits.append(slowed.value.retry_after)
+        clock.now += slowed.value.retry_after
+        fail(accounts, "alice@example.com", next(address), 1)
+    assert waits == [1, 2, 4, 8, 16, 32, 60, 60, 60, 60]
+    with pytest.raises(LockedOut) as slowed:  # the owner, from a new address
         accounts.authenticate("alice@example.com", "alice password", "10.9.9.9")
-    assert locked.value.retry_after == 290  # five minutes from the fifth failure
-    clock.now += 289
-    with pytest.raises(LockedOut):
-        accounts.authenticate("alice@example.com", "alice password", "10.9.9.9")
-    clock.now += 2
+    assert slowed.value.retry_after == ACCOUNT_MAX_DELAY
+    clock.now += ACCOUNT_MAX_DELAY
     assert accounts.authenticate("alice@example.com", "alice password", "10.9.9.9") == alice
 
 
-def test_five_failures_from_one_address_lock_the_address(accounts, alice, clock) -> None:
-    for index in range(5):  # five different (unknown) accounts, one address
+def test_five_failures_for_one_account_from_one_address_lock_that_pair(
+    accounts, alice, clock
+) -> None:
+    fail(accounts, "alice@example.com", "10.0.0.66", 5)
+    clock.now += 10
+    with pytest.raises(LockedOut) as locked:  # the guesser's address, for five minutes
+        accounts.authenticate("alice@example.com", "alice password", "10.0.0.66")
+    assert locked.value.retry_after == 290
+    # The owner elsewhere is not locked out; the account waits a second at most.
+    assert accounts.authenticate("alice@example.com", "alice password", "10.0.0.67") == alice
+    bob = accounts.create_user("bob@example.com", "bob password")
+    assert accounts.authenticate("bob@example.com", "bob password", "10.0.0.66") == bob
+    clock.now += 291
+    assert accounts.authenticate("alice@example.com", "alice password", "10.0.0.66") == alice
+
+
+def test_twenty_failures_from_one_address_lock_the_address(accounts, alice, clock) -> None:
+    for index in range(ADDRESS_ATTEMPTS - 1):  # many different (unknown) accounts
         fail(accounts, f"guess{index}@example.com", "10.0.0.66", 1)
+    assert accounts.authenticate("alice@example.com", "alice password", "10.0.0.66") == alice
+    fail(accounts, "guess-last@example.com", "10.0.0.66", 1)
     with pytest.raises(LockedOut):
         accounts.authenticate("alice@example.com", "alice password", "10.0.0.66")
     assert accounts.authenticate("alice@example.com", "alice password", "10.0.0.67") == alice
@@ -179,8 +213,11 @@ def test_five_failures_from_one_address_lock_the_address(accounts, alice, clock)
 
 def test_failures_older_than_the_window_do_not_count(accounts, alice, clock) -> None:
     fail(accounts, "alice@example.com", "10.0.0.1", 4)
-    clock.now += 301
-    fail(accounts, "alice@example.com", "10.0.0.1", 4)
+    clock.now += 241
+    for _ in range(4):  # a minute apart: the account's own delay never exceeds that
+        clock.now += 60
+        fail(accounts, "alice@example.com", "10.0.0.1", 1)
+    clock.now += account_delay(8)  # the account's eight failures in 15 minutes still count
     assert accounts.authenticate("alice@example.com", "alice password", "10.0.0.1") == alice
 
 
@@ -219,18 +256,50 @@ def test_sessions_expire_after_seven_days(accounts, alice, clock) -> None:
     assert accounts.session_user(secret) is None
 
 
-def test_password_change_ends_every_other_session(accounts, alice) -> None:
+def test_password_change_ends_every_session(accounts, alice) -> None:
     here = accounts.open_session(alice.id)
     elsewhere = accounts.open_session(alice.id)
     with pytest.raises(WrongPassword):
-        accounts.change_password(alice.id, "not it", "brand new secret", keep_session=here)
+        accounts.change_password(alice.id, "not it", "brand new secret")
     with pytest.raises(WeakPassword):
-        accounts.change_password(alice.id, "alice password", "password1", keep_session=here)
+        accounts.change_password(alice.id, "alice password", "password1")
     assert accounts.session_user(elsewhere) == alice  # failed changes end nothing
-    accounts.change_password(alice.id, "alice password", "brand new secret", keep_session=here)
-    assert accounts.session_user(here) is not None
+    assert accounts.change_password(alice.id, "alice password", "brand new secret") == 0
+    assert accounts.session_user(here) is None  # the web layer opens a fresh one
     assert accounts.session_user(elsewhere) is None
     assert accounts.authenticate("alice@example.com", "brand new secret", "10.0.0.1").id == alice.id
+
+
+def test_wrong_current_passwords_count_like_failed_sign_ins(accounts, alice, clock) -> None:
+    for _ in range(LOCKOUT_ATTEMPTS):
+        with pytest.raises(WrongPassword) as wrong:
+            accounts.change_password(alice.id, "a guess", "brand new secret", address="10.0.0.5")
+        assert wrong.value.code == "invalid_credentials"
+    with pytest.raises(LockedOut):  # even the right one, from there, for five minutes
+        accounts.change_password(alice.id, "alice password", "brand new secret", address="10.0.0.5")
+    with pytest.raises(LockedOut):  # and signing in from there
+        accounts.authenticate("alice@example.com", "alice password", "10.0.0.5")
+    clock.now += LOCKOUT_WINDOW + 1
+    accounts.change_password(alice.id, "alice password", "brand new secret", address="10.0.0.5")
+
+
+def test_password_change_may_set_a_new_email_and_revoke_tokens(accounts, alice) -> None:
+    accounts.create_token(alice.id, "ci")
+    bob = accounts.create_user("bob@example.com", "bob password")
+    with pytest.raises(EmailTaken) as taken:
+        accounts.change_password(alice.id, "alice password", "new secret 1", new_email=bob.email)
+    assert taken.value.code == "email_already_exists"
+    with pytest.raises(InvalidEmail):
+        accounts.change_password(alice.id, "alice password", "new secret 1", new_email="nope")
+    revoked = accounts.change_password(
+        alice.id,
+        "alice password",
+        "new secret 1",
+        new_email=" Alice@New.Example ",
+        revoke_tokens=True,
+    )
+    assert revoked == 1 and accounts.list_tokens(alice.id) == []
+    assert accounts.get_user(alice.id).email == "alice@new.example"
 
 
 def test_disable_and_reset_end_sessions_at_once(accounts, alice) -> None:
@@ -239,10 +308,88 @@ def test_disable_and_reset_end_sessions_at_once(accounts, alice) -> None:
     assert accounts.session_user(secret) is None
     accounts.set_disabled(alice.id, False)
     secret = accounts.open_session(alice.id)
-    temporary = accounts.reset_password(alice.id)
+    reset = accounts.reset_password(alice.id)
     assert accounts.session_user(secret) is None
-    account = accounts.authenticate("alice@example.com", temporary, "10.0.0.1")
+    account = accounts.authenticate("alice@example.com", reset.temporary_password, "10.0.0.1")
     assert account.needs_setup
+
+
+def test_disable_and_reset_revoke_every_api_token(accounts, alice) -> None:
+    first = accounts.create_token(alice.id, "one")
+    accounts.create_token(alice.id, "two")
+    change = accounts.set_disabled(alice.id, True)
+    assert change.revoked_tokens == 2 and accounts.list_tokens(alice.id) == []
+    accounts.set_disabled(alice.id, False)
+    with pytest.raises(TokenInvalid):  # enabling brings none back
+        accounts.token_user(first.secret)
+    third = accounts.create_token(alice.id, "three")
+    reset = accounts.reset_password(alice.id)
+    assert reset.revoked_tokens == 1 and reset.account.needs_setup
+    with pytest.raises(TokenInvalid):
+        accounts.token_user(third.secret)
+
+
+def test_browser_sessions_idle_out_and_every_session_ends_at_its_lifetime(
+    accounts, alice, clock
+) -> None:
+    browser = accounts.open_session(alice.id, persistent=False)
+    remembered = accounts.open_session(alice.id)
+    clock.now += 11 * 3600
+    assert accounts.check_session(browser).persistent is False  # seen: the idle clock restarts
+    clock.now += 11 * 3600
+    assert accounts.session_user(browser) == alice
+    clock.now += 12 * 3600 + 1
+    with pytest.raises(TokenExpired):
+        accounts.check_session(browser)
+    with pytest.raises(TokenInvalid):  # and its row is gone
+        accounts.check_session(browser)
+    assert accounts.check_session(remembered).persistent is True  # 34 idle hours: still alive
+    clock.now += 7 * 24 * 3600
+    with pytest.raises(TokenExpired):
+        accounts.check_session(remembered)
+
+
+def test_a_secret_kept_for_a_session_is_sealed_and_taken_once(accounts, alice, engine) -> None:
+    session = accounts.open_session(alice.id)
+    other = accounts.open_session(alice.id)
+    accounts.keep_for_session(session, "api_token", "laptop", "dfw_the-secret-value")
+    with engine.connect() as db:
+        [row] = db.execute(select(session_secrets)).all()
+    assert "the-secret-value" not in repr(tuple(row))
+    assert accounts.take_for_session(other, "api_token") == []
+    assert accounts.take_for_session(session, "temporary_password") == []
+    assert accounts.take_for_session(session, "api_token") == [("laptop", "dfw_the-secret-value")]
+    assert accounts.take_for_session(session, "api_token") == []
+
+
+def test_two_requests_racing_for_a_kept_secret_show_it_once(accounts, alice) -> None:
+    session = accounts.open_session(alice.id)
+    for round_number in range(5):
+        accounts.keep_for_session(session, "api_token", "laptop", f"dfw_secret-{round_number}")
+        barrier = threading.Barrier(4)
+        seen: list[list[tuple[str, str]]] = []
+
+        def take(barrier: threading.Barrier, seen: list) -> None:
+            barrier.wait()
+            seen.append(accounts.take_for_session(session, "api_token"))
+
+        workers = [threading.Thread(target=take, args=(barrier, seen)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert sorted(len(shown) for shown in seen) == [0, 0, 0, 1], seen
+
+
+def test_kept_secrets_end_with_their_session_and_after_15_minutes(accounts, alice, clock) -> None:
+    session = accounts.open_session(alice.id)
+    accounts.keep_for_session(session, "api_token", "a", "dfw_a")
+    accounts.end_session(session)
+    assert accounts.take_for_session(session, "api_token") == []
+    session = accounts.open_session(alice.id)
+    accounts.keep_for_session(session, "api_token", "b", "dfw_b")
+    clock.now += 15 * 60 + 1
+    assert accounts.take_for_session(session, "api_token") == []
 
 
 # --- API tokens ---------------------------------------------------------------------------
@@ -271,11 +418,10 @@ def test_forged_revoked_expired_and_disabled_tokens(accounts, alice, clock, engi
     with pytest.raises(TokenExpired):
         accounts.token_user(short.secret)
     lasting = accounts.create_token(alice.id, "lasting")
-    accounts.set_disabled(alice.id, True)
+    with engine.begin() as db:  # disabled behind the service's back: still refused
+        db.execute(update(users).values(disabled=True))
     with pytest.raises(TokenInvalid):
         accounts.token_user(lasting.secret)
-    accounts.set_disabled(alice.id, False)
-    assert accounts.token_user(lasting.secret) == alice
 
 
 def test_someone_elses_token_cannot_be_revoked(accounts, alice) -> None:

@@ -224,7 +224,9 @@ def test_sessions_through_nginx_get_secure_cookies(proxy: Proxy) -> None:
     )
     assert answer.status_code == 200, answer.text
     cookies = answer.headers["Set-Cookie"]
-    session = next(c for c in answer.raw.headers.getlist("Set-Cookie") if c.startswith("session="))
+    session = next(
+        c for c in answer.raw.headers.getlist("Set-Cookie") if c.startswith("access_token=")
+    )
     assert "Secure" in session, cookies
     me = proxy.request(
         "GET", "/api/v1/auth/me", token=False, headers={"Cookie": session.split(";")[0]}

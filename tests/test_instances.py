@@ -271,7 +271,7 @@ def test_sessions_and_lockouts_hold_across_instances(instances) -> None:
     a, b = instances
     answer = login(b, TEST_PASSWORD)
     assert answer.status_code == 200
-    session = {"Cookie": f"session={answer.cookies['session']}"}
+    session = {"Cookie": f"access_token={answer.cookies['access_token']}"}
     me = requests.get(f"{a.url}/api/v1/auth/me", headers=session, timeout=30)
     assert me.status_code == 200 and me.json()["email"] == TEST_EMAIL  # opened on B, valid on A
 

@@ -80,8 +80,33 @@ sessions = Table(
     Column("id_hash", String(64), primary_key=True),  # sha256 of the secret in the cookie
     Column("user_id", String(36), ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
     Column("created_at", Float, nullable=False),
-    Column("expires_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),  # the absolute end, however busy
+    # "Remember me": a session without it also ends after the idle timeout.
+    Column("persistent", Boolean, nullable=False, default=True),
+    # The last request seen, written at most once a minute (NULL: none since created_at).
+    Column("last_seen_at", Float, nullable=True),
     Index("ix_sessions_user", "user_id"),
+)
+
+session_secrets = Table(
+    "session_secrets",
+    metadata,
+    # A secret to show once (a new API token, a temporary password), kept for the session
+    # that asked for it and sealed with that session's own secret, which only its cookie
+    # holds: the database alone cannot read it, and showing it deletes the row.
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column(
+        "session_hash",
+        String(64),
+        ForeignKey("sessions.id_hash", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("kind", String(32), nullable=False),
+    Column("label", Text, nullable=False),
+    Column("nonce", String(32), nullable=False),
+    Column("sealed", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("ix_session_secrets_session", "session_hash", "kind"),
 )
 
 api_tokens = Table(
@@ -101,7 +126,7 @@ login_failures = Table(
     "login_failures",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("kind", String(16), nullable=False),  # "address" or "account"
+    Column("kind", String(16), nullable=False),  # "address", "pair" or "account"
     Column("subject", String(320), nullable=False),
     Column("at", Float, nullable=False),
     Index("ix_login_failures_subject", "kind", "subject", "at"),

@@ -103,6 +103,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.register_blueprint(auth_api.bp)
         app.register_blueprint(auth_api.admin_bp)
         app.register_blueprint(account_pages.bp)
+    else:
+        from deerflow_web.web.auth_api import single_user_bp
+
+        app.register_blueprint(single_user_bp)  # DeerFlow's UI asks these on every page
     app.register_blueprint(api_docs.bp)
     app.register_blueprint(health.bp)
     app.after_request(add_security_headers)

@@ -43,6 +43,7 @@ class ChangePasswordForm(PageForm):
     new_password = PasswordField(
         _l("New password"), validators=[InputRequired(_l("Choose a new password."))]
     )
+    revoke_tokens = BooleanField(_l("Also revoke all my API tokens"))
 
 
 class TokenForm(PageForm):

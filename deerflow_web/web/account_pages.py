@@ -1,8 +1,10 @@
 """Account pages for people: sign in, first-run set-up, sign out, the account and admin pages.
 
-Forms post and the server redirects (or renders once, for a secret shown a single time:
-a new API token, a temporary password). The rules are `services/accounts`' own, so a page
-can never accept what the API refuses.
+Forms post and the server redirects. A secret shown a single time (a new API token, a
+temporary password) is kept server-side for the session that asked for it, sealed with that
+session's secret, and deleted as the next page shows it: a reload, or a copy of the cookie
+replayed later, finds nothing. The rules are `services/accounts`' own, so a page can never
+accept what the API refuses.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from flask import flash
 from flask import redirect
 from flask import render_template
 from flask import request
-from flask import session
 from flask import url_for
 from flask.typing import ResponseReturnValue
 from flask_babel import gettext as _
@@ -22,6 +23,7 @@ from deerflow_web.errors import InvalidCredentials
 from deerflow_web.errors import LockedOut
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import SelfDisable
+from deerflow_web.errors import SelfReset
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.web.account_forms import ChangePasswordForm
 from deerflow_web.web.account_forms import IdForm
@@ -31,15 +33,17 @@ from deerflow_web.web.account_forms import SetupForm
 from deerflow_web.web.account_forms import TokenForm
 from deerflow_web.web.auth import SignedInUser
 from deerflow_web.web.auth import end_session
+from deerflow_web.web.auth import keep_once
 from deerflow_web.web.auth import safe_next
-from deerflow_web.web.auth import set_csrf_cookie
 from deerflow_web.web.auth import signed_in
 from deerflow_web.web.auth import start_session
+from deerflow_web.web.auth import take_once
 from deerflow_web.web.wiring import get_services
 
 bp = Blueprint("account_pages", __name__)
 
-NEW_TOKEN_KEY = "new_api_token"
+NEW_TOKEN = "api_token"  # kinds of the secrets shown once
+TEMPORARY_PASSWORD = "temporary_password"
 
 
 def _service() -> AccountService:
@@ -47,8 +51,12 @@ def _service() -> AccountService:
 
 
 def _user() -> SignedInUser:
+    """The signed-in user, by session: these pages act on what only a session has (its
+    one-time secrets, its cookies); an API token is refused before anything is done."""
     user = signed_in()
     assert user is not None  # the request gate let only signed-in users through
+    if user.session_secret is None:
+        raise PermissionDenied(_("This page needs a signed-in session; scripts use the API."))
     return user
 
 
@@ -80,13 +88,11 @@ def login() -> ResponseReturnValue:
             flash(_("Incorrect email or password."), "error")
             status = 401
         else:
-            _secret, csrf = start_session(account, bool(form.remember_me.data))
+            start_session(account, bool(form.remember_me.data))
             if account.needs_setup:
                 flash(_("Choose a new password to finish signing in."), "error")
                 target = url_for("account_pages.account")
-            response = redirect(target)
-            set_csrf_cookie(response, csrf)
-            return response
+            return redirect(target)
     elif request.method == "POST":
         status = 400
     return render_template("pages/login.html", form=form), status
@@ -107,11 +113,9 @@ def setup() -> ResponseReturnValue:
             flash(str(error), "error")
             status = 400
         else:
-            _secret, csrf = start_session(account, True)
+            start_session(account, True)
             flash(_("Welcome! Your admin account is ready."), "success")
-            response = redirect(_home())
-            set_csrf_cookie(response, csrf)
-            return response
+            return redirect(_home())
     elif request.method == "POST":
         status = 400
     return render_template("pages/setup.html", form=form), status
@@ -150,31 +154,37 @@ def _account_page(status: int = 200, **forms: object) -> ResponseReturnValue:
 @bp.get("/account")
 def account() -> ResponseReturnValue:
     """Change the password; create and revoke API tokens (a new one is shown this once)."""
-    shown = session.pop(NEW_TOKEN_KEY, None)
-    new_token = None
-    if isinstance(shown, dict):
-        new_token = {"name": shown.get("name", ""), "secret": shown.get("secret", "")}
+    shown = take_once(NEW_TOKEN)
+    new_token = {"name": shown[-1][0], "secret": shown[-1][1]} if shown else None
     return _account_page(new_token=new_token)
 
 
 @bp.post("/account/password")
 def change_password() -> ResponseReturnValue:
-    """Change the password; other sessions of the account end."""
+    """Change the password; other sessions of the account end (this one gets a new id)."""
     form = ChangePasswordForm()
     if not form.validate_on_submit():
         return _account_page(400, password_form=form)
     user = _user()
     try:
-        _service().change_password(
+        revoked = _service().change_password(
             user.id,
             form.current_password.data,
             form.new_password.data,
-            keep_session=user.session_secret,
+            address=request.remote_addr or "",
+            revoke_tokens=bool(form.revoke_tokens.data),
         )
+    except LockedOut as error:
+        flash(_("Too many failed sign-ins. Try again in a few minutes."), "error")
+        page, status = _account_page(429, password_form=form)
+        return page, status, {"Retry-After": str(error.retry_after)}
     except DeerFlowError as error:
         flash(str(error), "error")
         return _account_page(400, password_form=form)
+    start_session(_service().get_user(user.id), user.persistent)
     flash(_("Password changed. Your other sessions were signed out."), "success")
+    if revoked:
+        flash(_("%(count)d API tokens were revoked.", count=revoked), "success")
     return redirect(url_for("account_pages.account"))
 
 
@@ -185,9 +195,9 @@ def create_token() -> ResponseReturnValue:
     if not form.validate_on_submit():
         return _account_page(400, token_form=form)
     created = _service().create_token(_user().id, form.name.data, form.expires_in_days.data)
-    # Post/redirect/get, so a reload cannot create a second token; the secret rides in the
-    # signed session cookie to the next page view only, which removes it.
-    session[NEW_TOKEN_KEY] = {"name": created.token.name, "secret": created.secret}
+    # Post/redirect/get, so a reload cannot create a second token; the secret waits
+    # server-side for this session's next view of the page, which deletes it.
+    keep_once(NEW_TOKEN, created.token.name, created.secret)
     return redirect(url_for("account_pages.account"))
 
 
@@ -229,8 +239,10 @@ def _admin_page(status: int = 200, **context: object) -> ResponseReturnValue:
 
 @bp.get("/admin")
 def admin() -> ResponseReturnValue:
-    """Users: create, disable or enable, reset a password."""
-    return _admin_page()
+    """Users: create, disable or enable, reset a password (shown here once)."""
+    _admin()
+    shown = take_once(TEMPORARY_PASSWORD)
+    return _admin_page(temporary=shown[-1] if shown else None)
 
 
 @bp.post("/admin/users")
@@ -260,18 +272,23 @@ def user_action(user_id: str, action: str) -> ResponseReturnValue:
     service = _service()
     try:
         if action == "reset":
-            target = service.get_user(user_id)
-            temporary = service.reset_password(user_id)
-            return _admin_page(temporary=(target.email, temporary))
-        account = service.set_disabled(user_id, action == "disable", acting_user_id=admin.id)
-        message = (
-            _("Disabled %(email)s.", email=account.email)
-            if action == "disable"
-            else _("Enabled %(email)s.", email=account.email)
-        )
-        flash(message, "success")
+            reset = service.reset_password(user_id, acting_user_id=admin.id)
+            assert reset.temporary_password is not None
+            keep_once(TEMPORARY_PASSWORD, reset.account.email, reset.temporary_password)
+            return redirect(url_for("account_pages.admin"))
+        change = service.set_disabled(user_id, action == "disable", acting_user_id=admin.id)
+        email = change.account.email
+        if action == "disable":
+            flash(_("Disabled %(email)s.", email=email), "success")
+            if change.revoked_tokens:
+                count = change.revoked_tokens
+                flash(_("%(count)d API tokens were revoked.", count=count), "success")
+        else:
+            flash(_("Enabled %(email)s.", email=email), "success")
     except SelfDisable:
         flash(_("You cannot disable your own account."), "error")
+    except SelfReset:
+        flash(_("Change your own password on your account page."), "error")
     except DeerFlowError as error:
         flash(str(error), "error")
     return redirect(url_for("account_pages.admin"))

@@ -6,8 +6,9 @@ files, which generators describe poorly, and a plain file reads as the contract 
 test suite keeps it honest (every route documented, every response checked against it).
 
 The file describes the server with accounts on. `build_document` fits it to one server's
-settings: its `max_files`, and without accounts no account routes, no security
-requirements and no 401s, because such a server never asks for credentials.
+settings: its `max_files`, and without accounts no account routes (but `/me` and
+`/setup-status`, answered as DeerFlow's single-user mode does), no security requirements
+and no 401s, because such a server never asks for credentials.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from deerflow_web.web.wiring import get_services
 
 DOCUMENT_PATH = Path(__file__).with_name("openapi.yaml")
 ACCOUNT_PATHS = ("/api/v1/auth/", "/api/v1/admin/")
+SINGLE_USER_PATHS = frozenset({"/api/v1/auth/me", "/api/v1/auth/setup-status"})
 HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
 
 bp = Blueprint("api_docs", __name__)
@@ -76,7 +78,11 @@ def _without_accounts(document: dict[str, Any]) -> None:
     document["components"].pop("securitySchemes", None)
     paths = document["paths"]
     for path in [path for path in paths if path.startswith(ACCOUNT_PATHS)]:
-        del paths[path]  # the account routes exist only with accounts on
+        if path not in SINGLE_USER_PATHS:
+            del paths[path]  # the account routes exist only with accounts on
+    me = paths["/api/v1/auth/me"]["get"]
+    me["summary"] = "The single local user (DeerFlow's `default@test.local`)"
+    me["responses"].pop("403", None)
     for item in paths.values():
         for method, operation in item.items():
             if method in HTTP_METHODS:

@@ -3,6 +3,10 @@
 Paths, fields, status codes and the `{"detail": {"code", "message"}}` error shape follow
 DeerFlow's gateway, so its frontend can sign in here; API tokens and the admin endpoints
 are this project's additions. The rules live in `services/accounts`.
+
+With accounts off, `single_user_bp` answers `/me` and `/setup-status` as DeerFlow does
+with `DEER_FLOW_AUTH_DISABLED=1` (its synthetic admin `default@test.local`), because
+DeerFlow's UI asks both on every page.
 """
 
 from __future__ import annotations
@@ -14,27 +18,40 @@ from flask import Response
 from flask import jsonify
 from flask import request
 from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import Forbidden
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import RegistrationDisabled
 from deerflow_web.services.accounts.service import ADMIN
-from deerflow_web.services.accounts.service import SESSION_SECONDS
 from deerflow_web.services.accounts.service import USER
 from deerflow_web.services.accounts.service import Account
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.accounts.service import ApiToken
+from deerflow_web.web.auth import CSRF_EXEMPT_ENDPOINTS
+from deerflow_web.web.auth import NO_STORE
 from deerflow_web.web.auth import SignedInUser
 from deerflow_web.web.auth import end_session
-from deerflow_web.web.auth import set_csrf_cookie
 from deerflow_web.web.auth import signed_in
 from deerflow_web.web.auth import start_session
+from deerflow_web.web.security import CrossSiteRequest
 from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.wiring import get_services
 
 bp = Blueprint("auth_api", __name__, url_prefix="/api/v1/auth")
 admin_bp = Blueprint("admin_api", __name__, url_prefix="/api/v1/admin")
+single_user_bp = Blueprint("single_user_auth", __name__, url_prefix="/api/v1/auth")
+
+CROSS_SITE_AUTH = "Cross-site auth request denied."  # DeerFlow's words, on its four routes
+# DeerFlow's synthetic user of DEER_FLOW_AUTH_DISABLED=1 (`app/gateway/auth_disabled.py`).
+SINGLE_USER = {
+    "id": "default",
+    "email": "default@test.local",
+    "system_role": "admin",
+    "needs_setup": False,
+    "oauth_provider": None,
+}
 
 _TRUE = {"1", "true", "on", "yes"}
 
@@ -48,7 +65,12 @@ def _service() -> AccountService:
 def check_origin() -> None:
     """Login, set-up and logout take no CSRF header; a foreign Origin is refused instead."""
     settings = get_services().settings
-    refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
+    try:
+        refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
+    except CrossSiteRequest:
+        if request.endpoint in CSRF_EXEMPT_ENDPOINTS:
+            raise Forbidden(CROSS_SITE_AUTH) from None
+        raise
 
 
 def json_body() -> dict[str, Any]:
@@ -68,6 +90,9 @@ def _field(data: dict[str, Any], name: str) -> Any:
 
 
 def _remember(value: object) -> bool:
+    """DeerFlow's `remember_me`: persistent unless the client says otherwise."""
+    if value is None:
+        return True
     if isinstance(value, str):
         return value.strip().lower() in _TRUE
     return bool(value)
@@ -81,11 +106,10 @@ def _user() -> SignedInUser:
 
 
 def _with_session(account: Account, remember: bool, body: Any, status: int) -> Response:
-    """Sign the account in: session cookie plus the double-submit `csrf_token` cookie."""
-    _secret, csrf = start_session(account, remember)
+    """Sign the account in: `access_token`, its companion and `csrf_token` are set."""
+    start_session(account, remember)
     response = jsonify(body)
     response.status_code = status
-    set_csrf_cookie(response, csrf)
     return response
 
 
@@ -113,9 +137,7 @@ def initialize() -> ResponseReturnValue:
     """Create the first admin and sign them in (409 once an admin exists)."""
     data = json_body()
     account = _service().initialize(_field(data, "email"), _field(data, "password"))
-    return _with_session(
-        account, _remember(data.get("remember_me", True)), account.as_response(), 201
-    )
+    return _with_session(account, _remember(data.get("remember_me")), account.as_response(), 201)
 
 
 @bp.post("/login/local")
@@ -128,9 +150,9 @@ def login_local() -> ResponseReturnValue:
     if not password:
         raise InvalidInput("Field required", ("body", "password"))
     account = _service().authenticate(username, password, request.remote_addr or "")
-    remember = _remember(request.form.get("remember_me", ""))
+    remember = _remember(request.form.get("remember_me"))
     body = {
-        "expires_in": SESSION_SECONDS,
+        "expires_in": round(_service().session_lifetime),
         "needs_setup": account.needs_setup,
     }
     return _with_session(account, remember, body, 200)
@@ -151,16 +173,32 @@ def me() -> ResponseReturnValue:
 
 @bp.post("/change-password")
 def change_password() -> ResponseReturnValue:
-    """Change the password; every other session of the account ends."""
+    """Change the password (and, with `new_email`, the email); every other session ends.
+
+    A session caller gets a fresh session (new cookies, its persistence kept unless
+    `remember_me` says otherwise); `revoke_tokens: true` revokes every API token too.
+    """
     data = json_body()
     user = _user()
-    _service().change_password(
+    new_email = data.get("new_email")
+    revoke = data.get("revoke_tokens", False)
+    if not isinstance(revoke, bool):
+        raise InvalidInput("Input should be a valid boolean", ("body", "revoke_tokens"), revoke)
+    service = _service()
+    revoked = service.change_password(
         user.id,
         _field(data, "current_password"),
         _field(data, "new_password"),
-        keep_session=user.session_secret,
+        address=request.remote_addr or "",
+        new_email=new_email,
+        revoke_tokens=revoke,
     )
-    return {"message": "Password changed successfully"}
+    if user.session_secret is not None:
+        remember = data.get("remember_me")
+        start_session(
+            service.get_user(user.id), user.persistent if remember is None else _remember(remember)
+        )
+    return {"message": "Password changed successfully", "revoked_tokens": revoked}
 
 
 @bp.post("/register")
@@ -170,7 +208,7 @@ def register() -> ResponseReturnValue:
         raise RegistrationDisabled()
     data = json_body()
     account = _service().create_user(_field(data, "email"), _field(data, "password"))
-    return _with_session(account, False, account.as_response(), 201)
+    return _with_session(account, _remember(data.get("remember_me")), account.as_response(), 201)
 
 
 @bp.post("/tokens")
@@ -230,22 +268,50 @@ def create_user() -> ResponseReturnValue:
 
 @admin_bp.post("/users/<user_id>/disable")
 def disable_user(user_id: str) -> ResponseReturnValue:
-    """Disable an account: its sessions end and its tokens stop working at once."""
+    """Disable an account: its sessions end and its API tokens are revoked, at once."""
     admin = _admin()
-    account = _service().set_disabled(user_id, True, acting_user_id=admin.id)
-    return {**account.as_response(), "disabled": True}
+    change = _service().set_disabled(user_id, True, acting_user_id=admin.id)
+    return {
+        **change.account.as_response(),
+        "disabled": True,
+        "revoked_tokens": change.revoked_tokens,
+    }
 
 
 @admin_bp.post("/users/<user_id>/enable")
 def enable_user(user_id: str) -> ResponseReturnValue:
-    """Enable a disabled account again."""
+    """Enable a disabled account again (its revoked tokens stay revoked)."""
     _admin()
-    account = _service().set_disabled(user_id, False)
-    return {**account.as_response(), "disabled": False}
+    change = _service().set_disabled(user_id, False)
+    return {**change.account.as_response(), "disabled": False}
 
 
 @admin_bp.post("/users/<user_id>/reset-password")
 def reset_password(user_id: str) -> ResponseReturnValue:
-    """A temporary password the user must change at their next sign-in."""
-    _admin()
-    return {"temporary_password": _service().reset_password(user_id)}
+    """A temporary password the user must change at their next sign-in; their sessions
+    end and their API tokens are revoked."""
+    admin = _admin()
+    reset = _service().reset_password(user_id, acting_user_id=admin.id)
+    return {
+        "temporary_password": reset.temporary_password,
+        "revoked_tokens": reset.revoked_tokens,
+        "message": "Temporary password set; the user's sessions ended and API tokens were revoked",
+    }
+
+
+def _single_user(body: dict[str, Any]) -> Response:
+    response = jsonify(body)
+    response.headers["Cache-Control"] = NO_STORE
+    return response
+
+
+@single_user_bp.get("/me")
+def single_user_me() -> ResponseReturnValue:
+    """The one local user of the single-user mode, as DeerFlow answers it."""
+    return _single_user(SINGLE_USER)
+
+
+@single_user_bp.get("/setup-status")
+def single_user_setup_status() -> ResponseReturnValue:
+    """Nothing to set up: the single-user mode has no accounts to create."""
+    return _single_user({"needs_setup": False, "registration_enabled": False})

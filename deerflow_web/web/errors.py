@@ -52,6 +52,7 @@ from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import ResumableExpired
 from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import SelfDisable
+from deerflow_web.errors import SelfReset
 from deerflow_web.errors import StorageFailure
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import TokenNotFound
@@ -112,6 +113,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     AuthError: 401,  # not_authenticated, invalid_credentials, token_invalid, token_expired
     AlreadyInitialized: 409,
     SelfDisable: 409,  # a well-formed request the account's own state forbids
+    SelfReset: 409,
     EmailTaken: 400,
     RegistrationDisabled: 403,
     UserNotFound: 404,

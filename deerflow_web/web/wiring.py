@@ -58,7 +58,12 @@ class Services:
 
     def _open_database(self) -> None:
         """Build the account services on first use: the single-user mode never needs them."""
-        self._accounts = AccountService(self.engine)
+        auth = self.settings.auth
+        self._accounts = AccountService(
+            self.engine,
+            session_lifetime=auth.session_lifetime_days * 86400,
+            session_idle=auth.session_idle_hours * 3600,
+        )
         self._owners = ThreadOwners(self.engine)
 
     @property

@@ -3,6 +3,12 @@
 Plain Python over the shared database, so every server process sees the same sessions,
 revocations and failure counts. Secrets (session ids, API tokens) are random, handed out
 once and stored only as SHA-256 hashes: a copy of the database signs nobody in.
+
+Failed sign-ins (and wrong current passwords) lock the client address and the pair of
+that address and the account, as SPEC 7.5 says; the account alone is only slowed down,
+with a delay that doubles with each failure from anywhere, so someone guessing at it
+from many addresses cannot lock its owner out for minutes at a time. Every wait is an
+answer (LockedOut: 429 with Retry-After), never a sleep inside a request.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from sqlalchemy import insert
 from sqlalchemy import or_
 from sqlalchemy import select
 from sqlalchemy import update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from deerflow_web.errors import AlreadyInitialized
@@ -31,6 +38,7 @@ from deerflow_web.errors import InvalidCredentials
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import LockedOut
 from deerflow_web.errors import SelfDisable
+from deerflow_web.errors import SelfReset
 from deerflow_web.errors import TokenExpired
 from deerflow_web.errors import TokenInvalid
 from deerflow_web.errors import TokenNotFound
@@ -41,6 +49,7 @@ from deerflow_web.services.accounts.passwords import check_password_rules
 from deerflow_web.services.accounts.passwords import normalize_email
 from deerflow_web.storage.database import api_tokens
 from deerflow_web.storage.database import login_failures
+from deerflow_web.storage.database import session_secrets
 from deerflow_web.storage.database import sessions
 from deerflow_web.storage.database import users
 from deerflow_web.storage.database import write_transaction
@@ -50,9 +59,19 @@ ADMIN = "admin"
 USER = "user"
 ROLES = (ADMIN, USER)
 
-SESSION_SECONDS = 7 * 24 * 3600  # remember_me; a browser session is checked against it too
-LOCKOUT_ATTEMPTS = 5
+SESSION_SECONDS = 7 * 24 * 3600  # the default absolute lifetime of every session
+SESSION_IDLE_SECONDS = 12 * 3600  # the default idle timeout of a browser session
+LAST_SEEN_EVERY = 60  # a session's last request is written at most this often
+ONE_TIME_SECONDS = 15 * 60  # a secret not shown within this is dropped
+LOCKOUT_ATTEMPTS = 5  # failures for one account from one address that lock the pair
+# Failures from one address, whatever the accounts, that lock the address: more than a
+# pair's five, or the pair's lock would never be the one that acts, and an office behind
+# one NAT address would be locked out by five typos of five people.
+ADDRESS_ATTEMPTS = 20
 LOCKOUT_WINDOW = 5 * 60
+ACCOUNT_FREE_FAILURES = 5  # failures for an account before each next try waits
+ACCOUNT_WINDOW = 15 * 60  # failures for an account counted over this
+ACCOUNT_MAX_DELAY = 60  # the longest wait between two tries at one account
 TOKEN_PREFIX = "dfw_"
 MAX_TOKEN_NAME = 100
 MAX_TOKEN_DAYS = 3650
@@ -103,8 +122,68 @@ class NewApiToken:
     secret: str
 
 
+@dataclass(frozen=True)
+class LiveSession:
+    """A session that may be used now: its account and whether it was remembered."""
+
+    account: Account
+    persistent: bool
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class AdminChange:
+    """What an admin's disable or password reset did to the account."""
+
+    account: Account
+    revoked_tokens: int  # a disabled or reset account's API tokens are all revoked
+    temporary_password: str | None = None
+
+
 def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _pair(email: str, address: str) -> str:
+    """The subject of an (account, address) pair's failures: fits any subject column."""
+    return hashlib.sha256(f"{email}\0{address}".encode()).hexdigest()
+
+
+def _keystream(session_secret: str, nonce: bytes, length: int) -> bytes:
+    """SHAKE-256 of the session's secret and a fresh nonce: a one-time pad for one value."""
+    return hashlib.shake_256(b"one-time:" + session_secret.encode() + nonce).digest(length)
+
+
+def _seal(session_secret: str, value: str) -> tuple[str, str]:
+    nonce = secrets.token_bytes(16)
+    data = value.encode()
+    pad = _keystream(session_secret, nonce, len(data))
+    return nonce.hex(), bytes(a ^ b for a, b in zip(data, pad, strict=True)).hex()
+
+
+def _unseal(session_secret: str, nonce: str, sealed: str) -> str:
+    data = bytes.fromhex(sealed)
+    pad = _keystream(session_secret, bytes.fromhex(nonce), len(data))
+    return bytes(a ^ b for a, b in zip(data, pad, strict=True)).decode()
+
+
+def _lock_end(times: list[float], attempts: int) -> float | None:
+    """When a lock ends: five minutes after the failure that made `attempts` within five
+    minutes (None: not locked)."""
+    span = attempts - 1
+    ends = [
+        times[index] + LOCKOUT_WINDOW
+        for index in range(span, len(times))
+        if times[index] - times[index - span] <= LOCKOUT_WINDOW
+    ]
+    return max(ends) if ends else None
+
+
+def account_delay(failures: int) -> int:
+    """Seconds an account's next try waits after its latest failure (0, then 1, 2, 4 ...)."""
+    if failures < ACCOUNT_FREE_FAILURES:
+        return 0
+    return min(2 ** (failures - ACCOUNT_FREE_FAILURES), ACCOUNT_MAX_DELAY)
 
 
 def _account(row: object) -> Account:
@@ -131,10 +210,14 @@ class AccountService:
         passwords: Passwords | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        session_lifetime: float = SESSION_SECONDS,
+        session_idle: float = SESSION_IDLE_SECONDS,
     ) -> None:
         self.engine = engine
         self.passwords = passwords or Passwords()
         self._clock = clock
+        self.session_lifetime = session_lifetime
+        self.session_idle = session_idle
 
     # -- users -------------------------------------------------------------------------
 
@@ -224,15 +307,16 @@ class AccountService:
 
     def set_disabled(
         self, user_id: str, disabled: bool, *, acting_user_id: str | None = None
-    ) -> Account:
-        """Disable or enable an account; disabling ends its sessions at once.
+    ) -> AdminChange:
+        """Disable or enable an account; disabling ends its sessions and revokes its tokens.
 
-        Tokens are checked against the account on every use, so they stop with it and
-        work again when it is enabled. The admin acting (`acting_user_id`) cannot disable
-        themselves (`SelfDisable`), so whoever acts always keeps a way back in.
+        Enabling it again brings no token back: its owner makes new ones. The admin acting
+        (`acting_user_id`) cannot disable themselves (`SelfDisable`), so whoever acts
+        always keeps a way back in.
         """
         if disabled and user_id == acting_user_id:
             raise SelfDisable()
+        revoked = 0
         with write_transaction(self.engine) as db:
             result = db.execute(
                 update(users).where(users.c.id == user_id).values(disabled=disabled)
@@ -241,10 +325,20 @@ class AccountService:
                 raise UserNotFound()
             if disabled:
                 db.execute(delete(sessions).where(sessions.c.user_id == user_id))
-        return self.get_user(user_id)
+                revoked = db.execute(
+                    delete(api_tokens).where(api_tokens.c.user_id == user_id)
+                ).rowcount
+        return AdminChange(self.get_user(user_id), revoked)
 
-    def reset_password(self, user_id: str) -> str:
-        """Give the account a random temporary password it must change; end its sessions."""
+    def reset_password(self, user_id: str, *, acting_user_id: str | None = None) -> AdminChange:
+        """Give the account a random temporary password it must change; end its sessions
+        and revoke its API tokens (whoever learnt the old password may have made some).
+
+        The admin acting cannot reset their own (`SelfReset`): they would lose the session
+        or token they act with; they change their password instead.
+        """
+        if user_id == acting_user_id:
+            raise SelfReset()
         temporary = secrets.token_urlsafe(12)
         with write_transaction(self.engine) as db:
             result = db.execute(
@@ -255,80 +349,123 @@ class AccountService:
             if result.rowcount == 0:
                 raise UserNotFound()
             db.execute(delete(sessions).where(sessions.c.user_id == user_id))
-        return temporary
+            revoked = db.execute(delete(api_tokens).where(api_tokens.c.user_id == user_id)).rowcount
+        return AdminChange(self.get_user(user_id), revoked, temporary)
 
     def change_password(
-        self, user_id: str, current: object, new: object, *, keep_session: str | None = None
-    ) -> None:
-        """Set a new password after checking the current one; every other session ends."""
-        if not isinstance(current, str):
-            raise WrongPassword("Current password is incorrect")
-        check_password_rules(new)
+        self,
+        user_id: str,
+        current: object,
+        new: object,
+        *,
+        address: str = "",
+        new_email: object = None,
+        revoke_tokens: bool = False,
+    ) -> int:
+        """Set a new password (and email) after checking the current one; every session of
+        the account ends (the caller opens a fresh one). Returns how many API tokens were
+        revoked (all of them with `revoke_tokens`, else none).
+
+        A wrong current password counts as a failed sign-in from `address` (and locks out
+        the same way): a stolen session cannot be used to guess it.
+        """
+        account = self.get_user(user_id)
+        wait = self._retry_after(address, account.email, self._clock())
+        if wait is not None:
+            raise LockedOut(wait)
+        address_to = normalize_email(new_email) if new_email is not None else None
         with self.engine.connect() as db:
             stored = db.execute(
                 select(users.c.password_hash).where(users.c.id == user_id)
             ).scalar_one_or_none()
         if stored is None:
             raise UserNotFound()
-        if not self.passwords.verify(stored, current):
-            raise WrongPassword("Current password is incorrect")
-        keep = _digest(keep_session) if keep_session else ""
-        with write_transaction(self.engine) as db:
-            db.execute(
-                update(users)
-                .where(users.c.id == user_id)
-                .values(password_hash=self.passwords.hash(new), needs_setup=False)  # type: ignore[arg-type]
-            )
-            db.execute(
-                delete(sessions).where(sessions.c.user_id == user_id, sessions.c.id_hash != keep)
-            )
+        text = current if isinstance(current, str) else ""
+        if not self.passwords.verify(stored, text):
+            self._record_failure(address, account.email)
+            raise WrongPassword()
+        check_password_rules(new)
+        values: dict[str, object] = {
+            "password_hash": self.passwords.hash(new),  # type: ignore[arg-type]
+            "needs_setup": False,
+        }
+        if address_to is not None:
+            values["email"] = address_to
+        revoked = 0
+        try:
+            with write_transaction(self.engine) as db:
+                db.execute(update(users).where(users.c.id == user_id).values(**values))
+                db.execute(delete(sessions).where(sessions.c.user_id == user_id))
+                if revoke_tokens:
+                    revoked = db.execute(
+                        delete(api_tokens).where(api_tokens.c.user_id == user_id)
+                    ).rowcount
+        except IntegrityError:
+            raise EmailTaken("Email already in use") from None
+        return revoked
 
     # -- login and lockout ---------------------------------------------------------------
 
-    def _retry_after(self, db: object, address: str, email: str, now: float) -> int | None:
-        """Seconds until the lockout ends, or None when neither subject is locked.
-
-        A subject is locked for five minutes from the failure that made five within five
-        minutes. Attempts refused while locked are not counted, so the lock ends on time.
-        """
-        waits = []
-        for kind, subject in (("address", address), ("account", email)):
-            if not subject:
-                continue
-            times = (
-                db.execute(  # type: ignore[attr-defined]
-                    select(login_failures.c.at)
-                    .where(
-                        login_failures.c.kind == kind,
-                        login_failures.c.subject == subject,
-                        login_failures.c.at > now - 2 * LOCKOUT_WINDOW,
-                    )
-                    .order_by(login_failures.c.at)
+    def _failure_times(self, db: Connection, kind: str, subject: str, since: float) -> list[float]:
+        return list(
+            db.execute(
+                select(login_failures.c.at)
+                .where(
+                    login_failures.c.kind == kind,
+                    login_failures.c.subject == subject,
+                    login_failures.c.at > since,
                 )
-                .scalars()
-                .all()
+                .order_by(login_failures.c.at)
             )
-            span = LOCKOUT_ATTEMPTS - 1
-            ends = [
-                times[index] + LOCKOUT_WINDOW
-                for index in range(span, len(times))
-                if times[index] - times[index - span] <= LOCKOUT_WINDOW
-            ]
-            if ends and max(ends) > now:
-                waits.append(max(1, math.ceil(max(ends) - now)))
-        return max(waits) if waits else None
+            .scalars()
+            .all()
+        )
+
+    def _retry_after(self, address: str, email: str, now: float) -> int | None:
+        """Seconds before the next try may be made, or None when it may be made now.
+
+        The (account, address) pair is locked for five minutes from the failure that made
+        five within five minutes, the address likewise after twenty (for any accounts);
+        the account, from wherever the tries come, waits `account_delay(failures in the
+        last 15 minutes)` after its latest failure. Tries refused while waiting are not
+        counted, so every wait ends on time.
+        """
+        ends: list[float] = []
+        locks = (
+            ("address", address, ADDRESS_ATTEMPTS),
+            ("pair", _pair(email, address), LOCKOUT_ATTEMPTS),
+        )
+        with self.engine.connect() as db:
+            for kind, subject, attempts in locks if address else ():
+                times = self._failure_times(db, kind, subject, now - 2 * LOCKOUT_WINDOW)
+                if (end := _lock_end(times, attempts)) is not None:
+                    ends.append(end)
+            if email:
+                times = self._failure_times(db, "account", email, now - ACCOUNT_WINDOW)
+                if times:
+                    ends.append(times[-1] + account_delay(len(times)))
+        end = max(ends, default=now)
+        return max(1, math.ceil(end - now)) if end > now else None
+
+    def _record_failure(self, address: str, email: str) -> None:
+        now = self._clock()
+        rows = [{"kind": "account", "subject": email, "at": now}]
+        if address:
+            rows.append({"kind": "address", "subject": address, "at": now})
+            rows.append({"kind": "pair", "subject": _pair(email, address), "at": now})
+        with write_transaction(self.engine) as db:
+            db.execute(insert(login_failures), rows)
+            db.execute(delete(login_failures).where(login_failures.c.at < now - 86400))
 
     def authenticate(self, email: object, password: object, address: str) -> Account:
-        """Check a login; failures are counted per address and per account in the database.
+        """Check a login; failures are counted per address, pair and account in the database.
 
         Raises:
-            LockedOut: 5 failures for the address or the account in the last 5 minutes.
+            LockedOut: the address or the pair is locked, or the account must wait.
             InvalidCredentials: Wrong or unknown email, wrong password, disabled account.
         """
-        now = self._clock()
         subject = email.strip().lower() if isinstance(email, str) else ""
-        with self.engine.connect() as db:
-            wait = self._retry_after(db, address, subject, now)
+        wait = self._retry_after(address, subject, self._clock())
         if wait is not None:
             raise LockedOut(wait)
         with self.engine.connect() as db:
@@ -336,58 +473,140 @@ class AccountService:
         text = password if isinstance(password, str) else ""
         matches = self.passwords.verify(row.password_hash if row is not None else None, text)
         if not matches or row is None or row.disabled:
-            with write_transaction(self.engine) as db:
-                db.execute(
-                    insert(login_failures),
-                    [
-                        {"kind": "address", "subject": address, "at": now},
-                        {"kind": "account", "subject": subject, "at": now},
-                    ],
-                )
-                db.execute(delete(login_failures).where(login_failures.c.at < now - 86400))
+            self._record_failure(address, subject)
             raise InvalidCredentials()
+        # The owner's own typos are forgotten; the account's count stays, or a guesser
+        # elsewhere would get free tries each time the owner signs in.
         with write_transaction(self.engine) as db:
             db.execute(
                 delete(login_failures).where(
-                    login_failures.c.kind == "account", login_failures.c.subject == subject
+                    login_failures.c.kind == "pair",
+                    login_failures.c.subject == _pair(subject, address),
                 )
             )
         return _account(row)
 
     # -- sessions ------------------------------------------------------------------------
 
-    def open_session(self, user_id: str) -> str:
+    def open_session(self, user_id: str, *, persistent: bool = True) -> str:
         """Start a server-side session and return its secret (it goes into the cookie)."""
         secret = secrets.token_urlsafe(32)
         now = self._clock()
         with write_transaction(self.engine) as db:
             db.execute(
+                delete(sessions).where(
+                    or_(
+                        sessions.c.expires_at <= now,
+                        and_(
+                            sessions.c.persistent.is_(False),
+                            func.coalesce(sessions.c.last_seen_at, sessions.c.created_at)
+                            <= now - self.session_idle,
+                        ),
+                    )
+                )
+            )
+            db.execute(
                 insert(sessions).values(
                     id_hash=_digest(secret),
                     user_id=user_id,
                     created_at=now,
-                    expires_at=now + SESSION_SECONDS,
+                    expires_at=now + self.session_lifetime,
+                    persistent=persistent,
+                    last_seen_at=now,
                 )
             )
         return secret
 
-    def session_user(self, secret: str) -> Account | None:
-        """The active account of a live session, or None (ended, expired, disabled)."""
+    def check_session(self, secret: str) -> LiveSession:
+        """The live session behind a cookie value; its last request is noted (once a minute).
+
+        Raises:
+            TokenExpired: the session passed its idle timeout or its absolute end.
+            TokenInvalid: no such session (never was, ended, revoked) or a disabled account.
+        """
         if not isinstance(secret, str) or not secret:
-            return None
+            raise TokenInvalid()
+        now = self._clock()
+        id_hash = _digest(secret)
         with self.engine.connect() as db:
             row = db.execute(
-                select(users)
+                select(
+                    users,
+                    sessions.c.expires_at,
+                    sessions.c.persistent,
+                    sessions.c.created_at.label("session_created_at"),
+                    sessions.c.last_seen_at,
+                )
                 .join(sessions, sessions.c.user_id == users.c.id)
-                .where(sessions.c.id_hash == _digest(secret), sessions.c.expires_at > self._clock())
+                .where(sessions.c.id_hash == id_hash)
             ).first()
         if row is None or row.disabled:
+            raise TokenInvalid()
+        last_seen = row.last_seen_at if row.last_seen_at is not None else row.session_created_at
+        if row.expires_at <= now or (not row.persistent and last_seen <= now - self.session_idle):
+            self.end_session(secret)
+            raise TokenExpired()
+        if now - last_seen >= LAST_SEEN_EVERY:
+            with write_transaction(self.engine) as db:
+                db.execute(
+                    update(sessions).where(sessions.c.id_hash == id_hash).values(last_seen_at=now)
+                )
+        return LiveSession(_account(row), bool(row.persistent), row.expires_at)
+
+    def session_user(self, secret: str) -> Account | None:
+        """The active account of a live session, or None (ended, expired, disabled)."""
+        try:
+            return self.check_session(secret).account
+        except (TokenInvalid, TokenExpired):
             return None
-        return _account(row)
 
     def end_session(self, secret: str) -> None:
         with write_transaction(self.engine) as db:
             db.execute(delete(sessions).where(sessions.c.id_hash == _digest(secret)))
+
+    # -- secrets shown once ----------------------------------------------------------------
+
+    def keep_for_session(self, session_secret: str, kind: str, label: str, value: str) -> None:
+        """Keep `value` for the session to see once (`take_for_session`), sealed with the
+        session's secret; a value not taken within 15 minutes is dropped."""
+        now = self._clock()
+        nonce, sealed = _seal(session_secret, value)
+        with write_transaction(self.engine) as db:
+            db.execute(
+                delete(session_secrets).where(session_secrets.c.created_at < now - ONE_TIME_SECONDS)
+            )
+            db.execute(
+                insert(session_secrets).values(
+                    session_hash=_digest(session_secret),
+                    kind=kind,
+                    label=label,
+                    nonce=nonce,
+                    sealed=sealed,
+                    created_at=now,
+                )
+            )
+
+    def take_for_session(self, session_secret: str, kind: str) -> list[tuple[str, str]]:
+        """The (label, value) pairs kept for this session, removed as they are read: of two
+        requests with the same cookie, only one ever sees them."""
+        now = self._clock()
+        with write_transaction(self.engine) as db:
+            rows = db.execute(
+                delete(session_secrets)
+                .where(
+                    session_secrets.c.session_hash == _digest(session_secret),
+                    session_secrets.c.kind == kind,
+                )
+                .returning(
+                    session_secrets.c.id,
+                    session_secrets.c.label,
+                    session_secrets.c.nonce,
+                    session_secrets.c.sealed,
+                    session_secrets.c.created_at,
+                )
+            ).all()
+        fresh = sorted(row for row in rows if row.created_at >= now - ONE_TIME_SECONDS)
+        return [(row.label, _unseal(session_secret, row.nonce, row.sealed)) for row in fresh]
 
     # -- API tokens ----------------------------------------------------------------------
 
