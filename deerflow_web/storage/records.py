@@ -25,6 +25,7 @@ from sqlalchemy import func
 from sqlalchemy import or_
 from sqlalchemy import select
 from sqlalchemy import text
+from sqlalchemy import tuple_
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -151,7 +152,12 @@ class UploadRecords(Protocol):
     def claim_expired_conversions(
         self, owner: str, now: float, lease_until: float, limit: int
     ) -> list[tuple[str, str]]: ...
-    def renew_leases(self, owner: str, lease_until: float) -> int: ...
+    def renew_leases(
+        self, owner: str, lease_until: float, jobs: Iterable[tuple[str, str]]
+    ) -> int: ...
+    def finish_conversion(
+        self, scope: str, filename: str, owner: str, state: ConversionState, error: str | None
+    ) -> bool: ...
     def find_conversions(
         self, states: Iterable[ConversionState]
     ) -> list[tuple[str, str, str | None]]: ...
@@ -481,18 +487,52 @@ class DatabaseUploadRecords:
                 )
         return [(scope, filename) for scope, filename in rows]
 
-    def renew_leases(self, owner: str, lease_until: float) -> int:
-        """Extend the lease of every active job `owner` holds; return how many."""
+    def renew_leases(self, owner: str, lease_until: float, jobs: Iterable[tuple[str, str]]) -> int:
+        """Extend the leases of `jobs` (scope, filename) that `owner` still holds; return
+        how many.
+
+        Only the jobs the caller names: a process renews what it really runs, so a job it
+        lost track of (its end could not be written, say) lapses and is claimed again,
+        instead of being kept alive by an owner that no longer runs it.
+        """
+        wanted = list(jobs)
+        if not wanted:
+            return 0
         with write_transaction(self.engine) as db:
             result = db.execute(
                 update(uploads)
                 .where(
                     uploads.c.conversion_owner == owner,
                     uploads.c.conversion_state.in_(_ACTIVE),
+                    tuple_(uploads.c.scope, uploads.c.filename).in_(wanted),
                 )
                 .values(conversion_lease_until=lease_until)
             )
             return result.rowcount
+
+    def finish_conversion(
+        self, scope: str, filename: str, owner: str, state: ConversionState, error: str | None
+    ) -> bool:
+        """End a job `owner` holds with a final state; False if it holds it no longer (the
+        record is gone or was replaced, or another process claimed the job meanwhile)."""
+        with self._write() as db:
+            _bump_version(db, scope)  # the same lock order as every writer
+            result = db.execute(
+                update(uploads)
+                .where(
+                    uploads.c.scope == scope,
+                    uploads.c.filename == filename,
+                    uploads.c.conversion_owner == owner,
+                    uploads.c.conversion_state.in_(_ACTIVE),
+                )
+                .values(
+                    conversion_state=state.value,
+                    conversion_error=error,
+                    conversion_owner=None,
+                    conversion_lease_until=None,
+                )
+            )
+            return result.rowcount > 0
 
     def find_conversions(
         self, states: Iterable[ConversionState]

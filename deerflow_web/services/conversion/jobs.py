@@ -8,11 +8,18 @@ companion is recorded as converted from its original (SPEC D8), so a delete remo
 that file, a re-conversion replaces it, and a `.md` the user uploaded is never touched.
 
 Several instances (SPEC 9): a job is claimed in the database by the process that runs it,
-with a lease (`conversion.lease_seconds`) that a keeper thread renews for every job the
-process holds, queued or converting. A job whose process died stops being renewed; once
-its lease has run out any instance claims it again (the keeper's sweep, `FOR UPDATE SKIP
-LOCKED` on PostgreSQL, or a convert request that finds it), so no job stays `converting`
-for ever. A convert request for a job another instance runs polls the database.
+with a lease (`conversion.lease_seconds`) that a keeper thread renews for the jobs the
+process really holds (in its queue or its converters), never for a row merely marked with
+its name. A job whose process died stops being renewed; once its lease has run out any
+instance claims it again (the keeper's sweep, `FOR UPDATE SKIP LOCKED` on PostgreSQL, or a
+convert request that finds it). A convert request for a job another instance runs polls
+the database.
+
+Every job ends `done` or `failed`, or is run again: its final write (`_land`) is retried
+while the database is unreachable, for up to one lease; if the database stays away longer
+the job is released (no longer renewed), and whoever sweeps after its lease ran out runs
+it again. A database that goes away before the converter ran releases the job the same
+way, rather than failing it for a reason that has nothing to do with the document.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from deerflow_web.services.conversion.runner import convert_to_markdown
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import ConversionSettings
+from deerflow_web.storage.database import is_unavailable
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.local import facts_of
@@ -56,6 +64,8 @@ logger = logging.getLogger(__name__)
 INTERRUPTED = "The conversion was interrupted by a server restart; convert the file again"
 POLL_SECONDS = 0.2
 RETRY_AFTER_SECONDS = 10  # a slot frees when a job ends; most take seconds, not minutes
+LAND_FIRST_DELAY = 0.1  # between tries of a job's final write while the database is away
+LAND_MAX_DELAY = 2.0
 
 Converter = Callable[..., object]
 
@@ -103,8 +113,11 @@ def _keep(jobs: weakref.ref[ConversionJobs], stop: threading.Event, every: float
             return
         try:
             current.keep_once()
-        except Exception:  # a database outage must not end the keeper
-            logger.warning("conversion leases: renewal failed", exc_info=True)
+        except Exception as error:  # a database outage must not end the keeper
+            if is_unavailable(error):  # expected during an outage: no traceback each round
+                logger.warning("conversion leases: database unavailable, renewal failed")
+            else:
+                logger.warning("conversion leases: renewal failed", exc_info=True)
         del current
 
 
@@ -130,6 +143,7 @@ class ConversionJobs:
         self._running: dict[tuple[str, str], Future[dict[str, ConversionError | None]]] = {}
         self._counting = threading.Lock()
         self._waiting = 0  # jobs submitted to the pool that have not started yet
+        self._held: set[tuple[str, str]] = set()  # (scope, filename) queued or running here
         self.started_jobs = 0  # conversions run by this process, for tests and benchmarks
         self.owner = process_owner()
         self._keeper: threading.Thread | None = None
@@ -143,6 +157,16 @@ class ConversionJobs:
 
     def _lease(self) -> float:
         return time.time() + self.settings.lease_seconds
+
+    def held_jobs(self) -> list[tuple[str, str]]:
+        """(scope, filename) of the jobs this process has queued or is converting: the only
+        leases its keeper renews."""
+        with self._counting:
+            return sorted(self._held)
+
+    def _release(self, scope: str, filename: str) -> None:
+        with self._counting:
+            self._held.discard((scope, filename))
 
     def reclaim_interrupted_jobs(self) -> int:
         """At start-up: take over jobs whose process on this host died (a restart) and run
@@ -185,9 +209,10 @@ class ConversionJobs:
             keeper.join(5)
 
     def keep_once(self) -> list[tuple[str, str]]:
-        """Renew this process's leases, then claim orphaned jobs it has room for."""
+        """Renew the leases of the jobs this process holds, then claim orphaned jobs it has
+        room for."""
         records = self.uploads.records
-        records.renew_leases(self.owner, self._lease())
+        records.renew_leases(self.owner, self._lease(), self.held_jobs())
         room = self.settings.max_queued - self.queued
         claimed = records.claim_expired_conversions(self.owner, time.time(), self._lease(), room)
         for scope, filename in claimed:
@@ -288,6 +313,7 @@ class ConversionJobs:
                     # Bounded, so a burst of requests cannot pile up hours of work.
                     raise ConversionQueueFull(self._waiting, RETRY_AFTER_SECONDS)
                 self._waiting += 1
+                self._held.update((scope, name) for name in filenames)
             if not claimed:
                 now = time.time()
                 for name in filenames:
@@ -339,20 +365,69 @@ class ConversionJobs:
         with self._counting:  # not `_lock`: a pool may run a job inside `_start`
             self._waiting -= 1
             self.started_jobs += 1
+        scope = self.uploads.paths.scope(thread_id, user_id)
         outcome: dict[str, ConversionError | None] = {}
         for filename in filenames:
             try:
-                self._convert_one(thread_id, user_id, filename)
-                outcome[filename] = None
-            except ConversionError as error:
-                outcome[filename] = error
-                self._set(thread_id, user_id, filename, ConversionState.FAILED, str(error))
-            except Exception as error:  # a bug must still end the job, never leave it "converting"
-                logger.exception("conversion of %s failed unexpectedly", filename)
-                failure = ConversionError(f"Conversion of {filename} failed: {error}")
-                outcome[filename] = failure
-                self._set(thread_id, user_id, filename, ConversionState.FAILED, str(failure))
+                outcome[filename] = self._run_one(thread_id, user_id, scope, filename)
+            finally:
+                self._release(scope, filename)  # ended, or left for another run: not renewed
         return outcome
+
+    def _run_one(
+        self, thread_id: str, user_id: str | None, scope: str, filename: str
+    ) -> ConversionError | None:
+        """Convert one file and land its end in the records; the error it failed with."""
+        try:
+            self._convert_one(thread_id, user_id, scope, filename)
+            return None
+        except ConversionError as error:
+            failure = error
+        except Exception as error:
+            if is_unavailable(error):  # before the converter ran: nothing to report yet
+                logger.warning(
+                    "conversion of %s released to run again: database unavailable", filename
+                )
+                return None
+            # A bug must still end the job, never leave it "converting".
+            logger.exception("conversion of %s failed unexpectedly", filename)
+            failure = ConversionError(f"Conversion of {filename} failed: {error}")
+        records = self.uploads.records
+        self._land(
+            filename,
+            lambda: records.finish_conversion(
+                scope, filename, self.owner, ConversionState.FAILED, str(failure)
+            ),
+        )
+        return failure
+
+    def _land(self, filename: str, write: Callable[[], object]) -> bool:
+        """Make a job's final write, retrying while the database is unreachable.
+
+        False when it stayed unreachable for a whole lease: the job is released then (the
+        caller stops holding it), so once its lease has run out a sweep, this process's or
+        another instance's, claims it and runs it again. Any other error is raised.
+        """
+        deadline = time.monotonic() + self.settings.lease_seconds
+        delay = LAND_FIRST_DELAY
+        while True:
+            try:
+                write()
+                return True
+            except Exception as error:
+                if not is_unavailable(error):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    logger.warning(
+                        "conversion of %s: its end could not be recorded for %g s; released "
+                        "to run again",
+                        filename,
+                        self.settings.lease_seconds,
+                    )
+                    return False
+                logger.info("conversion of %s: database unavailable, retrying its end", filename)
+            time.sleep(delay)
+            delay = min(delay * 2, LAND_MAX_DELAY)
 
     def _set(
         self,
@@ -373,10 +448,9 @@ class ConversionJobs:
             self._lease() if active else None,
         )
 
-    def _convert_one(self, thread_id: str, user_id: str | None, filename: str) -> None:
+    def _convert_one(self, thread_id: str, user_id: str | None, scope: str, filename: str) -> None:
         folder = self.uploads.uploads_dir(thread_id, user_id)
         records = self.uploads.records
-        scope = self.uploads.paths.scope(thread_id, user_id)
         before = records.get(scope, filename)
         if before is None:
             return  # deleted while queued
@@ -394,7 +468,11 @@ class ConversionJobs:
                 memory_limit_mb=self.settings.memory_limit_mb,
                 max_output_bytes=self.settings.max_output_bytes,
             )
-            self._commit(scope, folder, filename, before.record.sha256, temporary)
+            sha256 = before.record.sha256
+            if not self._land(
+                filename, lambda: self._commit(scope, folder, filename, sha256, temporary)
+            ):
+                return
         finally:
             temporary.unlink(missing_ok=True)
         logger.info("converted %s in %.1f s", filename, time.monotonic() - started)
@@ -402,7 +480,28 @@ class ConversionJobs:
     def _commit(
         self, scope: str, folder: Path, filename: str, sha256: str, temporary: Path
     ) -> None:
-        """Put the Markdown in place under the records lock, with D8's naming rule."""
+        """Put the Markdown in place under the records lock, with D8's naming rule.
+
+        If the records cannot be written, the Markdown goes back to `temporary`: no
+        companion without a record, and a retry (`_land`) finds it where it was.
+        """
+        placed: list[Path] = []
+        try:
+            self._place(scope, folder, filename, sha256, temporary, placed)
+        except BaseException:
+            for destination in placed:
+                os.replace(destination, temporary)
+            raise
+
+    def _place(
+        self,
+        scope: str,
+        folder: Path,
+        filename: str,
+        sha256: str,
+        temporary: Path,
+        placed: list[Path],
+    ) -> None:
         with self.uploads.records.locked(scope) as txn:
             original = txn.get(filename)
             if original is None or original.record.sha256 != sha256:
@@ -418,6 +517,7 @@ class ConversionJobs:
                 )
             destination = folder / name
             os.replace(temporary, destination)
+            placed.append(destination)
             info = destination.lstat()
             digest, _ = hash_and_sniff(destination)
             companion = UploadRecord(
