@@ -9,16 +9,30 @@ end up in a companion. The Markdown is written to a staging file next to the des
 renamed onto it only on success, so a failed or stopped conversion never leaves a partial
 `.md` behind.
 
+The worker dies with the server process that started it: a killed server must not leave
+parsers running for minutes, nor their work folders. The child asks the kernel for SIGKILL
+when its parent goes (`PR_SET_PDEATHSIG`, set between fork and exec), and checks it was not
+orphaned before asking. The kernel sends that signal when the *thread* that forked the child
+exits, not the process; that is harmless here because the forking thread is the one that
+waits for the worker (`_run`) and never leaves before the worker has ended (under gevent it
+is a greenlet of the main thread anyway). Watching the process group or a pipe from the child
+would need a watcher inside every worker command; the kernel's signal needs none, and stand-in
+commands get it too. The work folders are named after their owner process (pid and start
+time), so start-up removes exactly those whose owner is gone (`sweep_stale_work_folders`).
+
 This module knows nothing of threads, records or the web; callers pick the destination name
 (SPEC 3.2, D8) and turn `ConversionError` into whatever their user sees.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import logging
 import os
+import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -67,6 +81,70 @@ _FORMAT_NAMES = {
     ".pptx": "PowerPoint",
 }
 _MODERN_SUFFIXES = {".doc": ".docx", ".ppt": ".pptx", ".xls": ".xlsx"}
+
+WORK_FOLDER_PREFIX = "deerflow-convert-"
+# deerflow-convert-<pid>.<start time>-<random>: enough to tell whether the owner still runs.
+_WORK_FOLDER = re.compile(re.escape(WORK_FOLDER_PREFIX) + r"(\d+)\.(\d+)-")
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, never in a fork
+except (OSError, AttributeError):  # not Linux: the worker still dies at its time limits
+    _prctl = None
+
+
+def process_start_time(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc), or None if there is no such
+    process; with the pid it names one process, even after the pid is reused."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19]) if len(fields) > 19 and fields[0] not in {"Z", "X"} else None
+
+
+def _work_folder_prefix() -> str:
+    pid = os.getpid()
+    return f"{WORK_FOLDER_PREFIX}{pid}.{process_start_time(pid) or 0}-"
+
+
+def sweep_stale_work_folders(directory: Path | None = None) -> int:
+    """Remove the work folders of conversions whose server process is gone (killed while a
+    worker ran); return how many. A folder of a live process, another user's, or one not
+    named after its owner is left alone."""
+    base = Path(directory if directory is not None else tempfile.gettempdir())
+    removed = 0
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _WORK_FOLDER.match(entry.name)
+        if match is None:
+            continue
+        try:
+            if (
+                not entry.is_dir(follow_symlinks=False)
+                or entry.stat(follow_symlinks=False).st_uid != os.geteuid()
+            ):
+                continue
+        except OSError:
+            continue
+        pid, started = int(match[1]), int(match[2])
+        if process_start_time(pid) == started:
+            continue  # its owner still runs (a conversion in another server process)
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed += 1
+    if removed:
+        logger.info("removed %d work folder(s) of conversions cut off by a restart", removed)
+    return removed
+
+
+def _die_with_parent(parent: int) -> None:
+    """Run in the child between fork and exec: SIGKILL when the parent dies (see above)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request: nobody would ask
+        os._exit(1)
 
 
 @dataclass(frozen=True)
@@ -174,7 +252,7 @@ def _convert_stream(
     """Run the worker on an open document and put its Markdown in place; return its report."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(
-        prefix="deerflow-convert-", ignore_cleanup_errors=True
+        prefix=_work_folder_prefix(), ignore_cleanup_errors=True
     ) as private:
         private_dir = Path(private)
         staging = _create_staging(destination, name)
@@ -249,6 +327,7 @@ def _run(
 ) -> int:
     """Run the worker in its own session and return its exit status (negative: signal)."""
     env = _child_env(private_dir)
+    parent = os.getpid()
     try:
         with (private_dir / "worker.log").open("wb") as log:
             # A file, not a pipe: a chatty worker can never block on a full pipe.
@@ -260,6 +339,7 @@ def _run(
                 cwd=private_dir,
                 env=env,
                 start_new_session=True,  # its own process group, so one kill stops everything
+                preexec_fn=lambda: _die_with_parent(parent),
             )
     except OSError as error:
         raise ConversionError(
