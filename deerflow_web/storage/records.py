@@ -50,6 +50,7 @@ _RECORD_COLUMNS = (
     uploads.c.uploaded_at,
     uploads.c.mtime_ns,
     uploads.c.inode,
+    uploads.c.ctime_ns,
     uploads.c.source,
     uploads.c.original_filename,
     uploads.c.converted_from,
@@ -62,11 +63,16 @@ _ACTIVE = [state.value for state in ACTIVE_CONVERSION_STATES]
 
 @dataclass(frozen=True)
 class StoredRecord:
-    """A record plus the file identity (inode, mtime) used to notice drift on disk."""
+    """A record plus the file identity (inode, mtime, ctime) used to notice drift on disk.
+
+    `ctime_ns` is None for records written before it was kept: such a record is checked
+    by hashing the file once, at its next use.
+    """
 
     record: UploadRecord
     mtime_ns: int
     inode: int
+    ctime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ def _to_stored(row: tuple) -> StoredRecord:
         uploaded_at,
         mtime_ns,
         inode,
+        ctime_ns,
         source,
         original,
         converted_from,
@@ -116,6 +123,7 @@ def _to_stored(row: tuple) -> StoredRecord:
         ),
         mtime_ns=mtime_ns,
         inode=inode,
+        ctime_ns=ctime_ns,
     )
 
 
@@ -146,6 +154,7 @@ class UploadRecords(Protocol):
         lease_until: float | None = None,
     ) -> bool: ...
     def conversion_job(self, scope: str, filename: str) -> ConversionJob | None: ...
+    def update_file(self, scope: str, stored: StoredRecord) -> bool: ...
     def claim_conversion(
         self, scope: str, filename: str, owner: str, now: float, lease_until: float
     ) -> bool: ...
@@ -193,6 +202,7 @@ def _values(scope: str, stored: StoredRecord) -> dict[str, Any]:
         "uploaded_at": r.uploaded_at,
         "mtime_ns": stored.mtime_ns,
         "inode": stored.inode,
+        "ctime_ns": stored.ctime_ns,
         "source": r.source.value,
         "original_filename": r.original_filename,
         "converted_from": r.converted_from,
@@ -408,6 +418,26 @@ class DatabaseUploadRecords:
                 update(uploads)
                 .where(uploads.c.scope == scope, uploads.c.filename == filename)
                 .values(values)
+            )
+            return result.rowcount > 0
+
+    def update_file(self, scope: str, stored: StoredRecord) -> bool:
+        """Record new bytes of a file (size, SHA-256, type, identity), leaving its conversion
+        job as it stands; False if there is no record. Inside `locked`, part of it."""
+        r = stored.record
+        with self._write() as db:
+            _bump_version(db, scope)
+            result = db.execute(
+                update(uploads)
+                .where(uploads.c.scope == scope, uploads.c.filename == r.filename)
+                .values(
+                    size=r.size,
+                    sha256=r.sha256,
+                    content_type=r.content_type,
+                    mtime_ns=stored.mtime_ns,
+                    inode=stored.inode,
+                    ctime_ns=stored.ctime_ns,
+                )
             )
             return result.rowcount > 0
 

@@ -47,6 +47,7 @@ from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.conversion.runner import convert_to_markdown
+from deerflow_web.services.files.freshness import checked_upload
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import ConversionSettings
@@ -458,6 +459,10 @@ class ConversionJobs:
         if not records.claim_conversion(scope, filename, self.owner, now, self._lease()):
             return  # our lease ran out meanwhile and another instance took the job
         self._set(thread_id, user_id, filename, ConversionState.CONVERTING)
+        # The source as it is now (an edit in place re-hashes it): the companion records
+        # the SHA-256 of the bytes it was made from.
+        source = checked_upload(self.uploads, thread_id, filename, user_id)
+        sha256 = (source or before.record).sha256
         started = time.monotonic()
         temporary = staging_path(folder)
         try:
@@ -468,7 +473,6 @@ class ConversionJobs:
                 memory_limit_mb=self.settings.memory_limit_mb,
                 max_output_bytes=self.settings.max_output_bytes,
             )
-            sha256 = before.record.sha256
             if not self._land(
                 filename, lambda: self._commit(scope, folder, filename, sha256, temporary)
             ):
@@ -532,7 +536,7 @@ class ConversionJobs:
                 source_sha256=sha256,
             )
             facts = facts_of(info)
-            txn.put(StoredRecord(companion, facts.mtime_ns, facts.inode))
+            txn.put(StoredRecord(companion, facts.mtime_ns, facts.inode, facts.ctime_ns))
             done = replace(
                 original.record, conversion_state=ConversionState.DONE, conversion_error=None
             )
