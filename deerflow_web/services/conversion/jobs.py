@@ -15,6 +15,14 @@ instance claims it again (the keeper's sweep, `FOR UPDATE SKIP LOCKED` on Postgr
 convert request that finds it). A convert request for a job another instance runs polls
 the database.
 
+Fair share (per process): when a converter frees up it takes the queued job of the user
+who has the fewest conversions running right now, the one who has waited longest for a turn
+on a tie, so a user who queued twenty slow documents does not hold back another user's
+first one. And a user may have at most `conversion.max_per_user` jobs queued or running
+here (429 beyond that); each conversion is also bounded in CPU time
+(`conversion.cpu_limit_seconds`), below its wall-clock limit, so a document that spins the
+CPU ends sooner than one that merely waits.
+
 Every job ends `done` or `failed`, or is run again: its final write (`_land`) is retried
 while the database is unreachable, for up to one lease; if the database stays away longer
 the job is released (no longer renewed), and whoever sweeps after its lease ran out runs
@@ -30,6 +38,8 @@ import socket
 import threading
 import time
 import weakref
+from collections import Counter
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +50,7 @@ from pathlib import Path
 
 from deerflow_web.errors import ConversionError
 from deerflow_web.errors import ConversionQueueFull
+from deerflow_web.errors import ConversionUserLimit
 from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import ACTIVE_CONVERSION_STATES
@@ -69,6 +80,17 @@ LAND_FIRST_DELAY = 0.1  # between tries of a job's final write while the databas
 LAND_MAX_DELAY = 2.0
 
 Converter = Callable[..., object]
+Outcome = dict[str, ConversionError | None]
+
+
+@dataclass(frozen=True)
+class _QueuedJob:
+    """A job waiting for a converter: what to convert, for whom, and its caller's future."""
+
+    thread_id: str
+    user_id: str | None
+    filenames: list[str]
+    future: Future[Outcome]
 
 
 @dataclass(frozen=True)
@@ -141,9 +163,14 @@ class ConversionJobs:
         self.converter = converter
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # made on first use: never across a fork
-        self._running: dict[tuple[str, str], Future[dict[str, ConversionError | None]]] = {}
-        self._counting = threading.Lock()
+        self._running: dict[tuple[str, str], Future[Outcome]] = {}
+        self._counting = threading.Lock()  # guards the counts and queues below
         self._waiting = 0  # jobs submitted to the pool that have not started yet
+        self._queues: dict[str | None, deque[_QueuedJob]] = {}  # per user, oldest first
+        self._active: Counter[str | None] = Counter()  # per user: queued + running
+        self._converting: Counter[str | None] = Counter()  # per user: running
+        self._turns: dict[str | None, int] = {}  # per user: when they last got a converter
+        self._turn = 0
         self._held: set[tuple[str, str]] = set()  # (scope, filename) queued or running here
         self.started_jobs = 0  # conversions run by this process, for tests and benchmarks
         self.owner = process_owner()
@@ -302,36 +329,103 @@ class ConversionJobs:
 
     def _start(
         self, thread_id: str, user_id: str | None, filenames: list[str], *, claimed: bool = False
-    ) -> Future[dict[str, ConversionError | None]]:
+    ) -> Future[Outcome]:
         scope = self.uploads.paths.scope(thread_id, user_id)
         key = (scope, filenames[0]) if len(filenames) == 1 else (scope, "\0".join(filenames))
         with self._lock:
             running = self._running.get(key)
             if running is not None and not running.done():
                 return running
+            job = _QueuedJob(thread_id, user_id, filenames, Future())
             with self._counting:
-                if self._waiting >= self.settings.max_queued:
-                    # Bounded, so a burst of requests cannot pile up hours of work.
-                    raise ConversionQueueFull(self._waiting, RETRY_AFTER_SECONDS)
+                self._admit(user_id)
                 self._waiting += 1
+                self._active[user_id] += 1
                 self._held.update((scope, name) for name in filenames)
-            if not claimed:
-                now = time.time()
-                for name in filenames:
-                    self.uploads.records.set_conversion(
-                        scope, name, ConversionState.QUEUED, None, self.owner, self._lease(), now
-                    )
+            try:
+                if not claimed:
+                    now = time.time()
+                    for name in filenames:
+                        self.uploads.records.set_conversion(
+                            scope,
+                            name,
+                            ConversionState.QUEUED,
+                            None,
+                            self.owner,
+                            self._lease(),
+                            now,
+                        )
+            except BaseException:
+                with self._counting:
+                    self._waiting -= 1
+                    self._done_with(user_id)
+                    self._held.difference_update((scope, name) for name in filenames)
+                raise
+            with self._counting:
+                self._queues.setdefault(user_id, deque()).append(job)
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     max_workers=self.settings.workers, thread_name_prefix="convert"
                 )
-            future = self._pool.submit(self._run, thread_id, user_id, filenames)
-            self._running[key] = future
+            self._pool.submit(self._run_next)  # one turn of a converter per queued job
+            self._running[key] = job.future
         # Outside the lock: a job that is already done runs the callback right here, and
         # the callback takes the lock itself.
-        future.add_done_callback(lambda _: self._forget(key, future))
+        job.future.add_done_callback(lambda _: self._forget(key, job.future))
         self.start_keeper()
-        return future
+        return job.future
+
+    def _admit(self, user_id: str | None) -> None:
+        """Refuse a job past the process's queue bound or the user's share (under
+        `_counting`). Single-user mode (no user id) has one user: only the queue bound."""
+        if self._waiting >= self.settings.max_queued:
+            # Bounded, so a burst of requests cannot pile up hours of work.
+            raise ConversionQueueFull(self._waiting, RETRY_AFTER_SECONDS)
+        if user_id is not None and self._active[user_id] >= self.settings.max_per_user:
+            raise ConversionUserLimit(self._active[user_id], RETRY_AFTER_SECONDS)
+
+    def _done_with(self, user_id: str | None) -> None:
+        """One job of the user is over (under `_counting`)."""
+        self._active[user_id] -= 1
+        if self._active[user_id] <= 0:
+            del self._active[user_id]
+
+    def _next_job(self) -> _QueuedJob:
+        """The queued job whose user has the fewest conversions running now, the user who
+        got a converter longest ago on a tie (under `_counting`)."""
+        waiting = [user for user, queue in self._queues.items() if queue]
+        user = min(waiting, key=lambda u: (self._converting[u], self._turns.get(u, -1)))
+        queue = self._queues[user]
+        job = queue.popleft()
+        if not queue:
+            del self._queues[user]
+        self._turn += 1
+        self._turns[user] = self._turn
+        return job
+
+    def _run_next(self) -> None:
+        """A converter's turn: run the fairest queued job (see `_next_job`)."""
+        with self._counting:  # not `_lock`: a pool may run a job inside `_start`
+            job = self._next_job()
+            self._waiting -= 1
+            self._converting[job.user_id] += 1
+            self.started_jobs += 1
+        job.future.set_running_or_notify_cancel()
+        try:
+            outcome = self._run(job.thread_id, job.user_id, job.filenames)
+        except BaseException as error:
+            self._finish_turn(job.user_id)
+            job.future.set_exception(error)
+        else:
+            self._finish_turn(job.user_id)  # before the caller hears: it may queue again
+            job.future.set_result(outcome)
+
+    def _finish_turn(self, user_id: str | None) -> None:
+        with self._counting:
+            self._converting[user_id] -= 1
+            if self._converting[user_id] <= 0:
+                del self._converting[user_id]
+            self._done_with(user_id)
 
     def _forget(self, key: tuple[str, str], future: Future) -> None:
         with self._lock:
@@ -360,12 +454,7 @@ class ConversionJobs:
             error = ConversionError(record.conversion_error or "The conversion failed")
         return ConversionStatus(record, companion, error)
 
-    def _run(
-        self, thread_id: str, user_id: str | None, filenames: list[str]
-    ) -> dict[str, ConversionError | None]:
-        with self._counting:  # not `_lock`: a pool may run a job inside `_start`
-            self._waiting -= 1
-            self.started_jobs += 1
+    def _run(self, thread_id: str, user_id: str | None, filenames: list[str]) -> Outcome:
         scope = self.uploads.paths.scope(thread_id, user_id)
         outcome: dict[str, ConversionError | None] = {}
         for filename in filenames:
@@ -472,6 +561,7 @@ class ConversionJobs:
                 timeout_seconds=self.settings.timeout_seconds,
                 memory_limit_mb=self.settings.memory_limit_mb,
                 max_output_bytes=self.settings.max_output_bytes,
+                cpu_limit_seconds=self.settings.cpu_limit_seconds,
             )
             if not self._land(
                 filename, lambda: self._commit(scope, folder, filename, sha256, temporary)

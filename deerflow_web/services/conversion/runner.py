@@ -30,8 +30,10 @@ import ctypes
 import errno
 import json
 import logging
+import math
 import os
 import re
+import resource
 import shutil
 import signal
 import stat
@@ -56,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 WORKER_COMMAND = (sys.executable, "-m", "deerflow_web.services.conversion.worker")
 
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the folder holding `deerflow_web`
 # The staging name follows SPEC 1.7 so that listings hide it and start-up sweeps a leftover.
 _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 # RLIMIT_AS counts reserved address space: keep BLAS/OpenMP pools and malloc arenas small so
@@ -139,12 +141,18 @@ def sweep_stale_work_folders(directory: Path | None = None) -> int:
     return removed
 
 
-def _die_with_parent(parent: int) -> None:
-    """Run in the child between fork and exec: SIGKILL when the parent dies (see above)."""
+def _prepare_child(parent: int, cpu_limit_seconds: float | None) -> None:
+    """Run in the child between fork and exec: SIGKILL when the parent dies (see above),
+    and the job's CPU limit, which the kernel enforces on whatever command runs."""
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the request: nobody would ask
         os._exit(1)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if cpu_limit_seconds:
+        soft = max(1, math.ceil(cpu_limit_seconds))
+        # SIGXCPU at the soft limit; SIGKILL a second later if that signal is ignored.
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,7 @@ def convert_to_markdown(
     memory_limit_mb: int,
     max_output_bytes: int | None = None,
     worker_command: Sequence[str] | None = None,
+    cpu_limit_seconds: float | None = None,
 ) -> MarkdownConversion:
     """Convert `source` to Markdown at `destination` in a time- and memory-limited process.
 
@@ -182,8 +191,11 @@ def convert_to_markdown(
         max_output_bytes: `conversion.max_output_bytes`: Markdown longer than this fails
             the conversion (nothing is saved); None means no cap.
         worker_command: Replaces `WORKER_COMMAND`, for tests. The command gets the worker's
-            arguments appended and must follow the protocol in `worker.py`; limits
-            other than the wall-clock one are the command's own business.
+            arguments appended and must follow the protocol in `worker.py`; the memory
+            limit is the command's own business.
+        cpu_limit_seconds: `conversion.cpu_limit_seconds`: CPU time the worker may use
+            (RLIMIT_CPU, set before exec, so any command gets it); None: only the worker's
+            own backstop just above the wall-clock limit.
 
     Returns:
         The destination, the number of characters written, the duration and the worker's
@@ -191,7 +203,8 @@ def convert_to_markdown(
 
     Raises:
         NotConvertible: The extension is not a convertible one.
-        ConversionTimedOut: The worker ran past `timeout_seconds` and was killed.
+        ConversionTimedOut: The worker ran past `timeout_seconds`, or used up
+            `cpu_limit_seconds` of CPU, and was stopped.
         ConversionError: Any other failure, with a sentence a user can act on.
         ValueError: A non-positive limit.
     """
@@ -227,6 +240,7 @@ def convert_to_markdown(
             memory_limit_mb=memory_limit_mb,
             max_output_bytes=max_output_bytes,
             worker_command=worker_command,
+            cpu_limit_seconds=cpu_limit_seconds,
         )
     peak_rss_kb = result.get("peak_rss_kb")
     characters = result.get("characters")
@@ -248,6 +262,7 @@ def _convert_stream(
     memory_limit_mb: int,
     max_output_bytes: int | None,
     worker_command: Sequence[str] | None,
+    cpu_limit_seconds: float | None = None,
 ) -> dict[str, object]:
     """Run the worker on an open document and put its Markdown in place; return its report."""
     started = time.monotonic()
@@ -271,7 +286,7 @@ def _convert_stream(
                 "--max-output-bytes",
                 str(max_output_bytes or 0),
             ]
-            returncode = _run(argv, document, private_dir, name, timeout_seconds)
+            returncode = _run(argv, document, private_dir, name, timeout_seconds, cpu_limit_seconds)
             result = _read_result(private_dir / "result.json")
             if returncode != 0 or result.get("status") != "ok":
                 log_tail = _read_tail(private_dir / "worker.log")
@@ -284,6 +299,7 @@ def _convert_stream(
                     timeout_seconds,
                     log_tail,
                     max_output_bytes,
+                    cpu_limit_seconds,
                 )
             _copy_output(private_dir / _OUTPUT_NAME, staging, name, max_output_bytes)
             _commit(staging, destination, name, max_output_bytes)
@@ -323,7 +339,12 @@ def _child_env(private_dir: Path) -> dict[str, str]:
 
 
 def _run(
-    argv: list[str], document: BinaryIO, private_dir: Path, name: str, timeout_seconds: float
+    argv: list[str],
+    document: BinaryIO,
+    private_dir: Path,
+    name: str,
+    timeout_seconds: float,
+    cpu_limit_seconds: float | None = None,
 ) -> int:
     """Run the worker in its own session and return its exit status (negative: signal)."""
     env = _child_env(private_dir)
@@ -339,7 +360,7 @@ def _run(
                 cwd=private_dir,
                 env=env,
                 start_new_session=True,  # its own process group, so one kill stops everything
-                preexec_fn=lambda: _die_with_parent(parent),
+                preexec_fn=lambda: _prepare_child(parent, cpu_limit_seconds),
             )
     except OSError as error:
         raise ConversionError(
@@ -432,6 +453,7 @@ def _failure(
     timeout_seconds: float,
     log_tail: str,
     max_output_bytes: int | None = None,
+    cpu_limit_seconds: float | None = None,
 ) -> ConversionError:
     """Turn the worker's report or exit status into an error a user can act on."""
     kind = result.get("kind") if result.get("status") == "error" else None
@@ -450,7 +472,13 @@ def _failure(
     if returncode == EXIT_OUT_OF_MEMORY:
         return ConversionError(_message("memory", name, suffix, memory_limit_mb, ""))
     hint = f"it may have run out of memory (limit {memory_limit_mb} MB) or the file is malformed"
-    if returncode == -signal.SIGXCPU:  # the worker's CPU-time backstop fired first
+    if returncode == -signal.SIGXCPU:  # the CPU limit fired before the wall clock
+        if cpu_limit_seconds:
+            return ConversionTimedOut(
+                f"Conversion of {name} stopped after {math.ceil(cpu_limit_seconds)} s of CPU "
+                "time (CPU limit, conversion.cpu_limit_seconds): the document takes too much "
+                "work to read"
+            )
         return ConversionTimedOut(
             f"Conversion of {name} stopped after {timeout_seconds:g} s of CPU time (time limit)"
         )
