@@ -171,7 +171,8 @@ class ConversionJobs:
         self._converting: Counter[str | None] = Counter()  # per user: running
         self._turns: dict[str | None, int] = {}  # per user: when they last got a converter
         self._turn = 0
-        self._held: set[tuple[str, str]] = set()  # (scope, filename) queued or running here
+        # (scope, filename) queued or running here: how many of this process's jobs cover it
+        self._held: Counter[tuple[str, str]] = Counter()
         self.started_jobs = 0  # conversions run by this process, for tests and benchmarks
         self.owner = process_owner()
         self._keeper: threading.Thread | None = None
@@ -194,7 +195,13 @@ class ConversionJobs:
 
     def _release(self, scope: str, filename: str) -> None:
         with self._counting:
-            self._held.discard((scope, filename))
+            self._unhold(scope, filename)
+
+    def _unhold(self, scope: str, filename: str) -> None:
+        """One job of this process no longer covers the file (under `_counting`)."""
+        self._held[(scope, filename)] -= 1
+        if self._held[(scope, filename)] <= 0:
+            del self._held[(scope, filename)]
 
     def reclaim_interrupted_jobs(self) -> int:
         """At start-up: take over jobs whose process on this host died (a restart) and run
@@ -359,7 +366,8 @@ class ConversionJobs:
                 with self._counting:
                     self._waiting -= 1
                     self._done_with(user_id)
-                    self._held.difference_update((scope, name) for name in filenames)
+                    for name in filenames:
+                        self._unhold(scope, name)
                 raise
             with self._counting:
                 self._queues.setdefault(user_id, deque()).append(job)
