@@ -242,6 +242,20 @@ class ConversionQueueFull(DeerFlowError):
         )
 
 
+class ConversionUserLimit(ConversionQueueFull):
+    """One user already has `conversion.max_per_user` conversions queued or running here,
+    so one person cannot take every converter; the request was not queued."""
+
+    def __init__(self, active: int, retry_after: int) -> None:
+        self.retry_after = retry_after
+        DeerFlowError.__init__(
+            self,
+            f"You already have {active} conversions queued or running, the most one user may "
+            f"have (conversion.max_per_user); try again in {retry_after} s, once one has "
+            "finished",
+        )
+
+
 class StorageFailure(DeerFlowError):
     """An unexpected I/O error; the operation was rolled back and may be retried."""
 

@@ -45,6 +45,11 @@ class ConversionSettings:
     workers: int = 2
     max_output_bytes: int = UploadLimits.max_file_size
     max_queued: int = 20
+    # Jobs one user may have queued or running in one server process (fair share).
+    max_per_user: int = 5
+    # CPU seconds one conversion may use (RLIMIT_CPU), kept below `timeout_seconds`: a
+    # document that spins the CPU is stopped sooner than the wall clock would stop it.
+    cpu_limit_seconds: float = 120.0
     # A job's worker renews its lease every `lease_renew_seconds`; a job whose lease ran
     # out (its instance died) is claimed again by any instance (SPEC 9).
     lease_seconds: float = 60.0
@@ -279,11 +284,13 @@ def conversion_from_mapping(
     renew = positive_setting(
         conversion, "lease_renew_seconds", defaults.lease_renew_seconds, section_name="conversion"
     )
+    timeout = positive_setting(uploads, "conversion_timeout_seconds", defaults.timeout_seconds)
+    cpu_limit = positive_setting(
+        conversion, "cpu_limit_seconds", defaults.cpu_limit_seconds, section_name="conversion"
+    )
     return ConversionSettings(
         auto_convert_documents=parse_bool(uploads.get("auto_convert_documents", False)),
-        timeout_seconds=positive_setting(
-            uploads, "conversion_timeout_seconds", defaults.timeout_seconds
-        ),
+        timeout_seconds=timeout,
         memory_limit_mb=positive_setting(
             uploads, "conversion_memory_limit_mb", defaults.memory_limit_mb
         ),
@@ -295,6 +302,10 @@ def conversion_from_mapping(
         max_queued=positive_setting(
             conversion, "max_queued", defaults.max_queued, section_name="conversion"
         ),
+        max_per_user=positive_setting(
+            conversion, "max_per_user", defaults.max_per_user, section_name="conversion"
+        ),
+        cpu_limit_seconds=min(cpu_limit, timeout),  # never above the wall-clock limit
         lease_seconds=lease,
         lease_renew_seconds=renew if renew < lease else lease / 4,
     )

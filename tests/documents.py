@@ -9,6 +9,7 @@ target file size.
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -121,6 +122,35 @@ def make_pdf(
         pdf.add_page()
         pdf.multi_cell(0, 5, text=filler_text(450, seed=number))
     pdf.output(str(path))
+    return path
+
+
+def make_spinning_pdf(path: Path, *, operations: int = 2_000_000) -> Path:
+    """A tiny valid PDF whose one page draws nothing `operations` times (`q Q`, compressed):
+    a few kilobytes that keep a PDF parser busy for about 50 us of CPU per operation, as a
+    hostile document would. Its text is empty, so a conversion that finishes fails."""
+    content = zlib.compress(b"q Q " * operations, 9)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(content)
+        + content
+        + b"\nendstream",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    path.write_bytes(bytes(out))
     return path
 
 

@@ -109,6 +109,19 @@ class PostgresServer:
         self._admin.dispose()
         self._pg_ctl("-m", "fast", "-w", "stop")
 
+    def commit_durably(self, url: str) -> None:
+        """Make the database's commits survive `crash_server` (the session's cluster turns
+        `synchronous_commit` off, which a crash would show as lost recent commits)."""
+        name = make_url(url).database
+        with self._admin.connect() as db:
+            db.execute(text(f'ALTER DATABASE "{name}" SET synchronous_commit = on'))
+
+    def crash_server(self) -> None:
+        """Stop the server as a crash would (`pg_ctl stop -m immediate`), keeping its data
+        (what was committed durably, see `commit_durably`)."""
+        self._admin.dispose()
+        self._pg_ctl("-m", "immediate", "-w", "stop")
+
     def start_server(self) -> None:
         """Start the stopped server again on the same port."""
         assert self.directory is not None

@@ -268,6 +268,68 @@ def test_result_of_a_file_replaced_meanwhile_is_dropped(service, base_dir: Path)
     assert sorted(p.name for p in uploads_dir(base_dir, "T", None).iterdir()) == ["a.pdf"]
 
 
+def test_a_job_this_process_does_not_run_is_not_renewed_but_run_again(service) -> None:
+    """A row naming this process as owner, with nothing running here (its end was lost):
+    the keeper does not keep it alive, it claims the lapsed job and runs it to the end."""
+    save(service, (b"%PDF", "a.pdf"))
+    scope = service.paths.scope("T")
+    jobs = jobs_with(service, fake_converter())
+    lapsed = time.time() - 1
+    service.records.set_conversion(
+        scope, "a.pdf", ConversionState.CONVERTING, None, jobs.owner, lapsed
+    )
+    assert jobs.keep_once() == [(scope, "a.pdf")]
+    wait_until(lambda: service.get_upload("T", "a.pdf").conversion_state is ConversionState.DONE)
+    wait_until(lambda: jobs.held_jobs() == [])  # released once its end is written
+
+
+@pytest.mark.parametrize("ending", [ConversionState.DONE, ConversionState.FAILED])
+def test_a_job_ending_during_a_postgresql_crash_still_ends(
+    base_dir: Path, postgres, postgres_url: str, ending: ConversionState
+) -> None:
+    """PostgreSQL stops (`-m immediate`) the moment the converter finishes, so the job's
+    final write meets the outage; the server is back well within the lease. The record
+    ends done or failed, never stays "converting" under a lease renewed for nothing."""
+    postgres.commit_durably(postgres_url)
+    engine = open_database(base_dir, postgres_url)
+    service = make_upload_service(base_dir, engine=engine)
+    save(service, (b"%PDF-1.4", "a.pdf"))
+    scope = service.paths.scope("T")
+    crashed = threading.Event()
+
+    def converter(source: Path, destination: Path, **_: object) -> None:
+        destination.write_text("# made during the outage\n", encoding="utf-8")
+        postgres.crash_server()
+        crashed.set()
+        if ending is ConversionState.FAILED:
+            raise ConversionError("a.pdf is corrupt")
+
+    jobs = jobs_with(service, converter, lease_seconds=30, lease_renew_seconds=0.2)
+    try:
+        jobs.convert("T", "a.pdf", wait=0)
+        assert crashed.wait(60), "the converter never ran"
+        time.sleep(2)  # the outage itself: a few renewals and final writes fail meanwhile
+    finally:
+        postgres.start_server()
+    job = wait_until(
+        lambda: (j := service.records.conversion_job(scope, "a.pdf")).state is ending and j,
+        timeout=30,
+    )
+    assert job.owner is None and job.lease_until is None
+    wait_until(lambda: jobs.held_jobs() == [])  # released once its end is written
+    record = service.get_upload("T", "a.pdf")
+    if ending is ConversionState.FAILED:
+        assert record.conversion_error == "a.pdf is corrupt"
+        assert sorted(p.name for p in service.uploads_dir("T").iterdir()) == ["a.pdf"]
+    else:
+        companion = service.get_upload("T", "a.md")
+        assert companion.converted_from == "a.pdf"
+        assert (service.uploads_dir("T") / "a.md").read_text() == "# made during the outage\n"
+        assert sorted(p.name for p in service.uploads_dir("T").iterdir()) == ["a.md", "a.pdf"]
+    jobs.stop_keeper()
+    engine.dispose()
+
+
 # --- HTTP surface, with the real isolated converter on generated documents -------------------
 
 

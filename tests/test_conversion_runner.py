@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +18,8 @@ from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import NotConvertible
 from deerflow_web.services.conversion.runner import MarkdownConversion
 from deerflow_web.services.conversion.runner import convert_to_markdown
+from deerflow_web.services.conversion.runner import process_start_time
+from deerflow_web.services.conversion.runner import sweep_stale_work_folders
 from tests.conftest import wait_until
 from tests.documents import make_blank_docx
 from tests.documents import make_corrupt_pdf
@@ -316,3 +320,24 @@ def test_a_pdf_is_converted_with_markitdown(docs: Path) -> None:
     convert(make_pdf(docs / "letter.pdf"))
 
     assert "Hello PDF world" in (docs / "letter.md").read_text(encoding="utf-8")
+
+
+def test_start_up_sweeps_only_the_work_folders_of_dead_owners(tmp_path: Path) -> None:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    dead = int(finished.stdout)
+    mine = os.getpid()
+    names = {
+        "dead": f"deerflow-convert-{dead}.{process_start_time(mine)}-abc",  # gone
+        "reused": f"deerflow-convert-{mine}.1-abc",  # our pid, another process's start time
+        "live": f"deerflow-convert-{mine}.{process_start_time(mine)}-abc",
+        "unnamed": "deerflow-convert-k2j3h4",  # no owner in the name: never guessed at
+        "other": "unrelated",
+    }
+    temp = tmp_path / "tmp"
+    for name in names.values():
+        (temp / name / "home").mkdir(parents=True)
+    assert sweep_stale_work_folders(temp) == 2
+    assert sorted(p.name for p in temp.iterdir()) == sorted(
+        names[key] for key in ("live", "unnamed", "other")
+    )

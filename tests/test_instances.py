@@ -23,6 +23,7 @@ import pytest
 import requests
 import yaml
 
+from deerflow_web.services.conversion.runner import process_start_time
 from deerflow_web.storage.paths import is_staging_name
 from tests.conftest import AUTH_ON
 from tests.conftest import SERVER_TOKEN
@@ -36,6 +37,7 @@ from tests.conftest import wait_until
 from tests.documents import make_docx
 from tests.documents import make_pdf
 from tests.documents import make_pptx
+from tests.documents import make_spinning_pdf
 from tests.documents import make_xlsx
 from tests.live_server import LiveServer
 
@@ -395,3 +397,57 @@ def test_a_job_orphaned_by_a_killed_instance_is_claimed_again_and_finishes(
     files = assert_consistent(b, base_dir, "J")
     assert sorted(files) == ["long.md", "long.pdf"]
     assert "Orphaned report" in artifact(b, "J", "long.md").text
+
+
+# --- a killed instance leaves no converter running and no work folder behind --------------
+
+
+def converters_in(temp: Path) -> dict[int, Path]:
+    """Live processes working in a folder under `temp` (conversion workers): pid -> folder."""
+    found: dict[int, Path] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        if cwd.parent == temp and process_start_time(int(entry.name)) is not None:
+            found[int(entry.name)] = cwd
+    return found
+
+
+def test_a_killed_instance_takes_its_converter_along_and_its_folder_is_swept(
+    base_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL of an instance in the middle of a conversion that would take minutes: the
+    converter dies with it within seconds, and its work folder, left behind by the killed
+    process, is removed when the instance starts again."""
+    temp = tmp_path / "tmp"  # the server's TMPDIR, where work folders go
+    temp.mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"uploads": {"conversion_wait_seconds": 0.2, "conversion_timeout_seconds": 900}}
+        )
+    )
+    provision_server_user(base_dir)
+    server = LiveServer(
+        base_dir, config=config, env={"TMPDIR": str(temp)}, log=tmp_path / "server.log"
+    )
+    server.start()
+    try:
+        document = make_spinning_pdf(tmp_path / "spin.pdf", operations=5_000_000)
+        assert upload(server, "K", "spin.pdf", document.read_bytes()).status_code == 200
+        assert convert(server, "K", "spin.pdf").status_code == 202
+        [(converter, folder)] = wait_until(lambda: list(converters_in(temp).items()), timeout=60)
+        server.kill()
+        started = time.monotonic()
+        wait_until(lambda: process_start_time(converter) is None, timeout=5)
+        died_after = time.monotonic() - started
+        assert folder.exists()  # the killed server could not clean up after itself
+        server.start()
+        assert not folder.exists(), "start-up left the dead conversion's folder"
+        assert died_after < 5
+    finally:
+        server.kill()

@@ -155,6 +155,7 @@ uploads = Table(
     Column("uploaded_at", Float, nullable=False),
     Column("mtime_ns", BigInteger, nullable=False),
     Column("inode", BigInteger, nullable=False),
+    Column("ctime_ns", BigInteger),  # with size, mtime and inode: the file the record describes
     Column("source", Text, nullable=False),
     Column("original_filename", Text),
     Column("converted_from", Text),

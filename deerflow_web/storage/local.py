@@ -182,16 +182,21 @@ def _is_abandoned(path: str) -> bool:
 
 
 class FileFacts(NamedTuple):
-    """What a scan learns about a regular file without reading it (a tuple: scans are hot)."""
+    """What a scan learns about a regular file without reading it (a tuple: scans are hot).
+
+    `ctime_ns` is the one a writer cannot set back: `cp -p`, `touch -d` and `os.utime`
+    restore an mtime, but every write (and that restore itself) moves the ctime.
+    """
 
     size: int
     mtime_ns: int
     inode: int
+    ctime_ns: int
 
 
 def facts_of(info: os.stat_result) -> FileFacts:
     """The identity used to notice a file that changed behind the app's back."""
-    return FileFacts(info.st_size, info.st_mtime_ns, info.st_ino)
+    return FileFacts(info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
 
 
 def is_foreign_link(info: os.stat_result, known_inode: int | None) -> bool:
@@ -234,14 +239,22 @@ def scan_regular_files(
 
 def hash_and_sniff(path: Path) -> tuple[str, str]:
     """SHA-256 and content type of a file found on disk (reconciliation only)."""
+    with open(path, "rb", buffering=0) as handle:
+        return hash_and_sniff_open(handle.fileno(), path.name)
+
+
+def hash_and_sniff_open(fd: int, name: str) -> tuple[str, str]:
+    """SHA-256 and content type of the open file `fd` (read from its start, whatever its
+    offset, which is left as it was): the bytes of the very file that was checked."""
     digest = hashlib.sha256()
     head = b""
-    with open(path, "rb", buffering=0) as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            if not head:
-                head = chunk[:SNIFF_BYTES]
-            digest.update(chunk)
-    return digest.hexdigest(), sniff_content_type(head, path.name)
+    offset = 0
+    while chunk := os.pread(fd, HASH_CHUNK, offset):
+        if not head:
+            head = chunk[:SNIFF_BYTES]
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest(), sniff_content_type(head, name)
 
 
 def sweep_staging_files(

@@ -25,6 +25,7 @@ from sqlalchemy import func
 from sqlalchemy import or_
 from sqlalchemy import select
 from sqlalchemy import text
+from sqlalchemy import tuple_
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -49,6 +50,7 @@ _RECORD_COLUMNS = (
     uploads.c.uploaded_at,
     uploads.c.mtime_ns,
     uploads.c.inode,
+    uploads.c.ctime_ns,
     uploads.c.source,
     uploads.c.original_filename,
     uploads.c.converted_from,
@@ -61,11 +63,16 @@ _ACTIVE = [state.value for state in ACTIVE_CONVERSION_STATES]
 
 @dataclass(frozen=True)
 class StoredRecord:
-    """A record plus the file identity (inode, mtime) used to notice drift on disk."""
+    """A record plus the file identity (inode, mtime, ctime) used to notice drift on disk.
+
+    `ctime_ns` is None for records written before it was kept: such a record is checked
+    by hashing the file once, at its next use.
+    """
 
     record: UploadRecord
     mtime_ns: int
     inode: int
+    ctime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ def _to_stored(row: tuple) -> StoredRecord:
         uploaded_at,
         mtime_ns,
         inode,
+        ctime_ns,
         source,
         original,
         converted_from,
@@ -115,6 +123,7 @@ def _to_stored(row: tuple) -> StoredRecord:
         ),
         mtime_ns=mtime_ns,
         inode=inode,
+        ctime_ns=ctime_ns,
     )
 
 
@@ -145,13 +154,19 @@ class UploadRecords(Protocol):
         lease_until: float | None = None,
     ) -> bool: ...
     def conversion_job(self, scope: str, filename: str) -> ConversionJob | None: ...
+    def update_file(self, scope: str, stored: StoredRecord) -> bool: ...
     def claim_conversion(
         self, scope: str, filename: str, owner: str, now: float, lease_until: float
     ) -> bool: ...
     def claim_expired_conversions(
         self, owner: str, now: float, lease_until: float, limit: int
     ) -> list[tuple[str, str]]: ...
-    def renew_leases(self, owner: str, lease_until: float) -> int: ...
+    def renew_leases(
+        self, owner: str, lease_until: float, jobs: Iterable[tuple[str, str]]
+    ) -> int: ...
+    def finish_conversion(
+        self, scope: str, filename: str, owner: str, state: ConversionState, error: str | None
+    ) -> bool: ...
     def find_conversions(
         self, states: Iterable[ConversionState]
     ) -> list[tuple[str, str, str | None]]: ...
@@ -187,6 +202,7 @@ def _values(scope: str, stored: StoredRecord) -> dict[str, Any]:
         "uploaded_at": r.uploaded_at,
         "mtime_ns": stored.mtime_ns,
         "inode": stored.inode,
+        "ctime_ns": stored.ctime_ns,
         "source": r.source.value,
         "original_filename": r.original_filename,
         "converted_from": r.converted_from,
@@ -405,6 +421,26 @@ class DatabaseUploadRecords:
             )
             return result.rowcount > 0
 
+    def update_file(self, scope: str, stored: StoredRecord) -> bool:
+        """Record new bytes of a file (size, SHA-256, type, identity), leaving its conversion
+        job as it stands; False if there is no record. Inside `locked`, part of it."""
+        r = stored.record
+        with self._write() as db:
+            _bump_version(db, scope)
+            result = db.execute(
+                update(uploads)
+                .where(uploads.c.scope == scope, uploads.c.filename == r.filename)
+                .values(
+                    size=r.size,
+                    sha256=r.sha256,
+                    content_type=r.content_type,
+                    mtime_ns=stored.mtime_ns,
+                    inode=stored.inode,
+                    ctime_ns=stored.ctime_ns,
+                )
+            )
+            return result.rowcount > 0
+
     def conversion_job(self, scope: str, filename: str) -> ConversionJob | None:
         """The file's job state, worker and lease, or None without a record."""
         with self._connection() as db:
@@ -481,18 +517,52 @@ class DatabaseUploadRecords:
                 )
         return [(scope, filename) for scope, filename in rows]
 
-    def renew_leases(self, owner: str, lease_until: float) -> int:
-        """Extend the lease of every active job `owner` holds; return how many."""
+    def renew_leases(self, owner: str, lease_until: float, jobs: Iterable[tuple[str, str]]) -> int:
+        """Extend the leases of `jobs` (scope, filename) that `owner` still holds; return
+        how many.
+
+        Only the jobs the caller names: a process renews what it really runs, so a job it
+        lost track of (its end could not be written, say) lapses and is claimed again,
+        instead of being kept alive by an owner that no longer runs it.
+        """
+        wanted = list(jobs)
+        if not wanted:
+            return 0
         with write_transaction(self.engine) as db:
             result = db.execute(
                 update(uploads)
                 .where(
                     uploads.c.conversion_owner == owner,
                     uploads.c.conversion_state.in_(_ACTIVE),
+                    tuple_(uploads.c.scope, uploads.c.filename).in_(wanted),
                 )
                 .values(conversion_lease_until=lease_until)
             )
             return result.rowcount
+
+    def finish_conversion(
+        self, scope: str, filename: str, owner: str, state: ConversionState, error: str | None
+    ) -> bool:
+        """End a job `owner` holds with a final state; False if it holds it no longer (the
+        record is gone or was replaced, or another process claimed the job meanwhile)."""
+        with self._write() as db:
+            _bump_version(db, scope)  # the same lock order as every writer
+            result = db.execute(
+                update(uploads)
+                .where(
+                    uploads.c.scope == scope,
+                    uploads.c.filename == filename,
+                    uploads.c.conversion_owner == owner,
+                    uploads.c.conversion_state.in_(_ACTIVE),
+                )
+                .values(
+                    conversion_state=state.value,
+                    conversion_error=error,
+                    conversion_owner=None,
+                    conversion_lease_until=None,
+                )
+            )
+            return result.rowcount > 0
 
     def find_conversions(
         self, states: Iterable[ConversionState]

@@ -15,11 +15,13 @@ from werkzeug.exceptions import RequestedRangeNotSatisfiable
 from werkzeug.http import parse_range_header
 from werkzeug.routing import PathConverter
 
+from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import InvalidInput
 from deerflow_web.models import OnConflict
 from deerflow_web.services.files.artifact_edit import MAX_EDITABLE_BYTES
 from deerflow_web.services.files.artifact_edit import edit_artifact
 from deerflow_web.services.files.artifact_edit import parse_edit
+from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
@@ -182,18 +184,32 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
     """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
     validate_thread_id(thread_id)
     download = _query_bool("download")
-    artifact = get_upload_service().resolve_artifact(thread_id, virtual_path, current_user_id())
+    uploads, user_id = get_upload_service(), current_user_id()
+    artifact = uploads.resolve_artifact(thread_id, virtual_path, user_id)
     if (refusal := _refuse_range(artifact.size)) is not None:
         return refusal
     attachment = artifact.as_attachment(download)
+    try:  # the bytes sent are those of this open file, its ETag checked against them
+        checked = open_checked(uploads, thread_id, artifact.path, user_id)
+    except OSError:
+        raise ArtifactNotFound(virtual_path.lstrip("/")) from None
     response = send_file(
-        artifact.path,
+        checked.file,
         mimetype=artifact.response_type(attachment),
-        conditional=True,
+        conditional=False,  # below, with the size of the open file
         as_attachment=attachment,
         download_name=quote(artifact.name, safe=""),  # replaced below; a name may hold CR or LF
-        etag=True,
+        etag=checked.etag,
+        last_modified=checked.facts.mtime_ns / 1e9,
     )
+    response.content_length = checked.facts.size
+    try:
+        response = response.make_conditional(
+            request, accept_ranges=True, complete_length=checked.facts.size
+        )
+    except RequestedRangeNotSatisfiable:
+        checked.file.close()
+        raise
     kind = "attachment" if attachment else "inline"
     response.headers["Content-Disposition"] = (
         f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"

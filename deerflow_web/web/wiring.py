@@ -14,6 +14,7 @@ from deerflow_web.errors import NotAuthenticated
 from deerflow_web.services.accounts.owners import ThreadOwners
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.conversion.runner import sweep_stale_work_folders
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.tool_preview import ToolPreviewService
@@ -119,6 +120,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     sweep_staging_files(
         services.uploads.paths.iter_uploads_dirs(), keep=services.resumable.is_live_staging
     )
+    sweep_stale_work_folders()  # of converters whose server was killed
     services.conversions.reclaim_interrupted_jobs()
     app.extensions[EXTENSION_KEY] = services
 

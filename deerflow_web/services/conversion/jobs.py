@@ -8,11 +8,26 @@ companion is recorded as converted from its original (SPEC D8), so a delete remo
 that file, a re-conversion replaces it, and a `.md` the user uploaded is never touched.
 
 Several instances (SPEC 9): a job is claimed in the database by the process that runs it,
-with a lease (`conversion.lease_seconds`) that a keeper thread renews for every job the
-process holds, queued or converting. A job whose process died stops being renewed; once
-its lease has run out any instance claims it again (the keeper's sweep, `FOR UPDATE SKIP
-LOCKED` on PostgreSQL, or a convert request that finds it), so no job stays `converting`
-for ever. A convert request for a job another instance runs polls the database.
+with a lease (`conversion.lease_seconds`) that a keeper thread renews for the jobs the
+process really holds (in its queue or its converters), never for a row merely marked with
+its name. A job whose process died stops being renewed; once its lease has run out any
+instance claims it again (the keeper's sweep, `FOR UPDATE SKIP LOCKED` on PostgreSQL, or a
+convert request that finds it). A convert request for a job another instance runs polls
+the database.
+
+Fair share (per process): when a converter frees up it takes the queued job of the user
+who has the fewest conversions running right now, the one who has waited longest for a turn
+on a tie, so a user who queued twenty slow documents does not hold back another user's
+first one. And a user may have at most `conversion.max_per_user` jobs queued or running
+here (429 beyond that); each conversion is also bounded in CPU time
+(`conversion.cpu_limit_seconds`), below its wall-clock limit, so a document that spins the
+CPU ends sooner than one that merely waits.
+
+Every job ends `done` or `failed`, or is run again: its final write (`_land`) is retried
+while the database is unreachable, for up to one lease; if the database stays away longer
+the job is released (no longer renewed), and whoever sweeps after its lease ran out runs
+it again. A database that goes away before the converter ran releases the job the same
+way, rather than failing it for a reason that has nothing to do with the document.
 """
 
 from __future__ import annotations
@@ -23,6 +38,8 @@ import socket
 import threading
 import time
 import weakref
+from collections import Counter
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +50,7 @@ from pathlib import Path
 
 from deerflow_web.errors import ConversionError
 from deerflow_web.errors import ConversionQueueFull
+from deerflow_web.errors import ConversionUserLimit
 from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import ACTIVE_CONVERSION_STATES
@@ -40,9 +58,11 @@ from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.conversion.runner import convert_to_markdown
+from deerflow_web.services.files.freshness import checked_upload
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import ConversionSettings
+from deerflow_web.storage.database import is_unavailable
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.local import facts_of
@@ -56,8 +76,21 @@ logger = logging.getLogger(__name__)
 INTERRUPTED = "The conversion was interrupted by a server restart; convert the file again"
 POLL_SECONDS = 0.2
 RETRY_AFTER_SECONDS = 10  # a slot frees when a job ends; most take seconds, not minutes
+LAND_FIRST_DELAY = 0.1  # between tries of a job's final write while the database is away
+LAND_MAX_DELAY = 2.0
 
 Converter = Callable[..., object]
+Outcome = dict[str, ConversionError | None]
+
+
+@dataclass(frozen=True)
+class _QueuedJob:
+    """A job waiting for a converter: what to convert, for whom, and its caller's future."""
+
+    thread_id: str
+    user_id: str | None
+    filenames: list[str]
+    future: Future[Outcome]
 
 
 @dataclass(frozen=True)
@@ -103,8 +136,11 @@ def _keep(jobs: weakref.ref[ConversionJobs], stop: threading.Event, every: float
             return
         try:
             current.keep_once()
-        except Exception:  # a database outage must not end the keeper
-            logger.warning("conversion leases: renewal failed", exc_info=True)
+        except Exception as error:  # a database outage must not end the keeper
+            if is_unavailable(error):  # expected during an outage: no traceback each round
+                logger.warning("conversion leases: database unavailable, renewal failed")
+            else:
+                logger.warning("conversion leases: renewal failed", exc_info=True)
         del current
 
 
@@ -127,9 +163,16 @@ class ConversionJobs:
         self.converter = converter
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # made on first use: never across a fork
-        self._running: dict[tuple[str, str], Future[dict[str, ConversionError | None]]] = {}
-        self._counting = threading.Lock()
+        self._running: dict[tuple[str, str], Future[Outcome]] = {}
+        self._counting = threading.Lock()  # guards the counts and queues below
         self._waiting = 0  # jobs submitted to the pool that have not started yet
+        self._queues: dict[str | None, deque[_QueuedJob]] = {}  # per user, oldest first
+        self._active: Counter[str | None] = Counter()  # per user: queued + running
+        self._converting: Counter[str | None] = Counter()  # per user: running
+        self._turns: dict[str | None, int] = {}  # per user: when they last got a converter
+        self._turn = 0
+        # (scope, filename) queued or running here: how many of this process's jobs cover it
+        self._held: Counter[tuple[str, str]] = Counter()
         self.started_jobs = 0  # conversions run by this process, for tests and benchmarks
         self.owner = process_owner()
         self._keeper: threading.Thread | None = None
@@ -143,6 +186,22 @@ class ConversionJobs:
 
     def _lease(self) -> float:
         return time.time() + self.settings.lease_seconds
+
+    def held_jobs(self) -> list[tuple[str, str]]:
+        """(scope, filename) of the jobs this process has queued or is converting: the only
+        leases its keeper renews."""
+        with self._counting:
+            return sorted(self._held)
+
+    def _release(self, scope: str, filename: str) -> None:
+        with self._counting:
+            self._unhold(scope, filename)
+
+    def _unhold(self, scope: str, filename: str) -> None:
+        """One job of this process no longer covers the file (under `_counting`)."""
+        self._held[(scope, filename)] -= 1
+        if self._held[(scope, filename)] <= 0:
+            del self._held[(scope, filename)]
 
     def reclaim_interrupted_jobs(self) -> int:
         """At start-up: take over jobs whose process on this host died (a restart) and run
@@ -185,9 +244,10 @@ class ConversionJobs:
             keeper.join(5)
 
     def keep_once(self) -> list[tuple[str, str]]:
-        """Renew this process's leases, then claim orphaned jobs it has room for."""
+        """Renew the leases of the jobs this process holds, then claim orphaned jobs it has
+        room for."""
         records = self.uploads.records
-        records.renew_leases(self.owner, self._lease())
+        records.renew_leases(self.owner, self._lease(), self.held_jobs())
         room = self.settings.max_queued - self.queued
         claimed = records.claim_expired_conversions(self.owner, time.time(), self._lease(), room)
         for scope, filename in claimed:
@@ -276,35 +336,104 @@ class ConversionJobs:
 
     def _start(
         self, thread_id: str, user_id: str | None, filenames: list[str], *, claimed: bool = False
-    ) -> Future[dict[str, ConversionError | None]]:
+    ) -> Future[Outcome]:
         scope = self.uploads.paths.scope(thread_id, user_id)
         key = (scope, filenames[0]) if len(filenames) == 1 else (scope, "\0".join(filenames))
         with self._lock:
             running = self._running.get(key)
             if running is not None and not running.done():
                 return running
+            job = _QueuedJob(thread_id, user_id, filenames, Future())
             with self._counting:
-                if self._waiting >= self.settings.max_queued:
-                    # Bounded, so a burst of requests cannot pile up hours of work.
-                    raise ConversionQueueFull(self._waiting, RETRY_AFTER_SECONDS)
+                self._admit(user_id)
                 self._waiting += 1
-            if not claimed:
-                now = time.time()
-                for name in filenames:
-                    self.uploads.records.set_conversion(
-                        scope, name, ConversionState.QUEUED, None, self.owner, self._lease(), now
-                    )
+                self._active[user_id] += 1
+                self._held.update((scope, name) for name in filenames)
+            try:
+                if not claimed:
+                    now = time.time()
+                    for name in filenames:
+                        self.uploads.records.set_conversion(
+                            scope,
+                            name,
+                            ConversionState.QUEUED,
+                            None,
+                            self.owner,
+                            self._lease(),
+                            now,
+                        )
+            except BaseException:
+                with self._counting:
+                    self._waiting -= 1
+                    self._done_with(user_id)
+                    for name in filenames:
+                        self._unhold(scope, name)
+                raise
+            with self._counting:
+                self._queues.setdefault(user_id, deque()).append(job)
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     max_workers=self.settings.workers, thread_name_prefix="convert"
                 )
-            future = self._pool.submit(self._run, thread_id, user_id, filenames)
-            self._running[key] = future
+            self._pool.submit(self._run_next)  # one turn of a converter per queued job
+            self._running[key] = job.future
         # Outside the lock: a job that is already done runs the callback right here, and
         # the callback takes the lock itself.
-        future.add_done_callback(lambda _: self._forget(key, future))
+        job.future.add_done_callback(lambda _: self._forget(key, job.future))
         self.start_keeper()
-        return future
+        return job.future
+
+    def _admit(self, user_id: str | None) -> None:
+        """Refuse a job past the process's queue bound or the user's share (under
+        `_counting`). Single-user mode (no user id) has one user: only the queue bound."""
+        if self._waiting >= self.settings.max_queued:
+            # Bounded, so a burst of requests cannot pile up hours of work.
+            raise ConversionQueueFull(self._waiting, RETRY_AFTER_SECONDS)
+        if user_id is not None and self._active[user_id] >= self.settings.max_per_user:
+            raise ConversionUserLimit(self._active[user_id], RETRY_AFTER_SECONDS)
+
+    def _done_with(self, user_id: str | None) -> None:
+        """One job of the user is over (under `_counting`)."""
+        self._active[user_id] -= 1
+        if self._active[user_id] <= 0:
+            del self._active[user_id]
+
+    def _next_job(self) -> _QueuedJob:
+        """The queued job whose user has the fewest conversions running now, the user who
+        got a converter longest ago on a tie (under `_counting`)."""
+        waiting = [user for user, queue in self._queues.items() if queue]
+        user = min(waiting, key=lambda u: (self._converting[u], self._turns.get(u, -1)))
+        queue = self._queues[user]
+        job = queue.popleft()
+        if not queue:
+            del self._queues[user]
+        self._turn += 1
+        self._turns[user] = self._turn
+        return job
+
+    def _run_next(self) -> None:
+        """A converter's turn: run the fairest queued job (see `_next_job`)."""
+        with self._counting:  # not `_lock`: a pool may run a job inside `_start`
+            job = self._next_job()
+            self._waiting -= 1
+            self._converting[job.user_id] += 1
+            self.started_jobs += 1
+        job.future.set_running_or_notify_cancel()
+        try:
+            outcome = self._run(job.thread_id, job.user_id, job.filenames)
+        except BaseException as error:
+            self._finish_turn(job.user_id)
+            job.future.set_exception(error)
+        else:
+            self._finish_turn(job.user_id)  # before the caller hears: it may queue again
+            job.future.set_result(outcome)
+
+    def _finish_turn(self, user_id: str | None) -> None:
+        with self._counting:
+            self._converting[user_id] -= 1
+            if self._converting[user_id] <= 0:
+                del self._converting[user_id]
+            self._done_with(user_id)
 
     def _forget(self, key: tuple[str, str], future: Future) -> None:
         with self._lock:
@@ -333,26 +462,70 @@ class ConversionJobs:
             error = ConversionError(record.conversion_error or "The conversion failed")
         return ConversionStatus(record, companion, error)
 
-    def _run(
-        self, thread_id: str, user_id: str | None, filenames: list[str]
-    ) -> dict[str, ConversionError | None]:
-        with self._counting:  # not `_lock`: a pool may run a job inside `_start`
-            self._waiting -= 1
-            self.started_jobs += 1
+    def _run(self, thread_id: str, user_id: str | None, filenames: list[str]) -> Outcome:
+        scope = self.uploads.paths.scope(thread_id, user_id)
         outcome: dict[str, ConversionError | None] = {}
         for filename in filenames:
             try:
-                self._convert_one(thread_id, user_id, filename)
-                outcome[filename] = None
-            except ConversionError as error:
-                outcome[filename] = error
-                self._set(thread_id, user_id, filename, ConversionState.FAILED, str(error))
-            except Exception as error:  # a bug must still end the job, never leave it "converting"
-                logger.exception("conversion of %s failed unexpectedly", filename)
-                failure = ConversionError(f"Conversion of {filename} failed: {error}")
-                outcome[filename] = failure
-                self._set(thread_id, user_id, filename, ConversionState.FAILED, str(failure))
+                outcome[filename] = self._run_one(thread_id, user_id, scope, filename)
+            finally:
+                self._release(scope, filename)  # ended, or left for another run: not renewed
         return outcome
+
+    def _run_one(
+        self, thread_id: str, user_id: str | None, scope: str, filename: str
+    ) -> ConversionError | None:
+        """Convert one file and land its end in the records; the error it failed with."""
+        try:
+            self._convert_one(thread_id, user_id, scope, filename)
+            return None
+        except ConversionError as error:
+            failure = error
+        except Exception as error:
+            if is_unavailable(error):  # before the converter ran: nothing to report yet
+                logger.warning(
+                    "conversion of %s released to run again: database unavailable", filename
+                )
+                return None
+            # A bug must still end the job, never leave it "converting".
+            logger.exception("conversion of %s failed unexpectedly", filename)
+            failure = ConversionError(f"Conversion of {filename} failed: {error}")
+        records = self.uploads.records
+        self._land(
+            filename,
+            lambda: records.finish_conversion(
+                scope, filename, self.owner, ConversionState.FAILED, str(failure)
+            ),
+        )
+        return failure
+
+    def _land(self, filename: str, write: Callable[[], object]) -> bool:
+        """Make a job's final write, retrying while the database is unreachable.
+
+        False when it stayed unreachable for a whole lease: the job is released then (the
+        caller stops holding it), so once its lease has run out a sweep, this process's or
+        another instance's, claims it and runs it again. Any other error is raised.
+        """
+        deadline = time.monotonic() + self.settings.lease_seconds
+        delay = LAND_FIRST_DELAY
+        while True:
+            try:
+                write()
+                return True
+            except Exception as error:
+                if not is_unavailable(error):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    logger.warning(
+                        "conversion of %s: its end could not be recorded for %g s; released "
+                        "to run again",
+                        filename,
+                        self.settings.lease_seconds,
+                    )
+                    return False
+                logger.info("conversion of %s: database unavailable, retrying its end", filename)
+            time.sleep(delay)
+            delay = min(delay * 2, LAND_MAX_DELAY)
 
     def _set(
         self,
@@ -373,10 +546,9 @@ class ConversionJobs:
             self._lease() if active else None,
         )
 
-    def _convert_one(self, thread_id: str, user_id: str | None, filename: str) -> None:
+    def _convert_one(self, thread_id: str, user_id: str | None, scope: str, filename: str) -> None:
         folder = self.uploads.uploads_dir(thread_id, user_id)
         records = self.uploads.records
-        scope = self.uploads.paths.scope(thread_id, user_id)
         before = records.get(scope, filename)
         if before is None:
             return  # deleted while queued
@@ -384,6 +556,10 @@ class ConversionJobs:
         if not records.claim_conversion(scope, filename, self.owner, now, self._lease()):
             return  # our lease ran out meanwhile and another instance took the job
         self._set(thread_id, user_id, filename, ConversionState.CONVERTING)
+        # The source as it is now (an edit in place re-hashes it): the companion records
+        # the SHA-256 of the bytes it was made from.
+        source = checked_upload(self.uploads, thread_id, filename, user_id)
+        sha256 = (source or before.record).sha256
         started = time.monotonic()
         temporary = staging_path(folder)
         try:
@@ -393,8 +569,12 @@ class ConversionJobs:
                 timeout_seconds=self.settings.timeout_seconds,
                 memory_limit_mb=self.settings.memory_limit_mb,
                 max_output_bytes=self.settings.max_output_bytes,
+                cpu_limit_seconds=self.settings.cpu_limit_seconds,
             )
-            self._commit(scope, folder, filename, before.record.sha256, temporary)
+            if not self._land(
+                filename, lambda: self._commit(scope, folder, filename, sha256, temporary)
+            ):
+                return
         finally:
             temporary.unlink(missing_ok=True)
         logger.info("converted %s in %.1f s", filename, time.monotonic() - started)
@@ -402,7 +582,28 @@ class ConversionJobs:
     def _commit(
         self, scope: str, folder: Path, filename: str, sha256: str, temporary: Path
     ) -> None:
-        """Put the Markdown in place under the records lock, with D8's naming rule."""
+        """Put the Markdown in place under the records lock, with D8's naming rule.
+
+        If the records cannot be written, the Markdown goes back to `temporary`: no
+        companion without a record, and a retry (`_land`) finds it where it was.
+        """
+        placed: list[Path] = []
+        try:
+            self._place(scope, folder, filename, sha256, temporary, placed)
+        except BaseException:
+            for destination in placed:
+                os.replace(destination, temporary)
+            raise
+
+    def _place(
+        self,
+        scope: str,
+        folder: Path,
+        filename: str,
+        sha256: str,
+        temporary: Path,
+        placed: list[Path],
+    ) -> None:
         with self.uploads.records.locked(scope) as txn:
             original = txn.get(filename)
             if original is None or original.record.sha256 != sha256:
@@ -418,6 +619,7 @@ class ConversionJobs:
                 )
             destination = folder / name
             os.replace(temporary, destination)
+            placed.append(destination)
             info = destination.lstat()
             digest, _ = hash_and_sniff(destination)
             companion = UploadRecord(
@@ -432,7 +634,7 @@ class ConversionJobs:
                 source_sha256=sha256,
             )
             facts = facts_of(info)
-            txn.put(StoredRecord(companion, facts.mtime_ns, facts.inode))
+            txn.put(StoredRecord(companion, facts.mtime_ns, facts.inode, facts.ctime_ns))
             done = replace(
                 original.record, conversion_state=ConversionState.DONE, conversion_error=None
             )

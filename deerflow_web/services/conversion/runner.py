@@ -9,16 +9,32 @@ end up in a companion. The Markdown is written to a staging file next to the des
 renamed onto it only on success, so a failed or stopped conversion never leaves a partial
 `.md` behind.
 
+The worker dies with the server process that started it: a killed server must not leave
+parsers running for minutes, nor their work folders. The child asks the kernel for SIGKILL
+when its parent goes (`PR_SET_PDEATHSIG`, set between fork and exec), and checks it was not
+orphaned before asking. The kernel sends that signal when the *thread* that forked the child
+exits, not the process; that is harmless here because the forking thread is the one that
+waits for the worker (`_run`) and never leaves before the worker has ended (under gevent it
+is a greenlet of the main thread anyway). Watching the process group or a pipe from the child
+would need a watcher inside every worker command; the kernel's signal needs none, and stand-in
+commands get it too. The work folders are named after their owner process (pid and start
+time), so start-up removes exactly those whose owner is gone (`sweep_stale_work_folders`).
+
 This module knows nothing of threads, records or the web; callers pick the destination name
 (SPEC 3.2, D8) and turn `ConversionError` into whatever their user sees.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import logging
+import math
 import os
+import re
+import resource
+import shutil
 import signal
 import stat
 import subprocess
@@ -43,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 WORKER_COMMAND = (sys.executable, "-m", "deerflow_web.services.conversion.worker")
 
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the folder holding `deerflow_web`
 # The staging name follows SPEC 1.7 so that listings hide it and start-up sweeps a leftover.
 _INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 # RLIMIT_AS counts reserved address space: keep BLAS/OpenMP pools and malloc arenas small so
@@ -69,6 +85,76 @@ _FORMAT_NAMES = {
 }
 _MODERN_SUFFIXES = {".doc": ".docx", ".ppt": ".pptx", ".xls": ".xlsx"}
 
+WORK_FOLDER_PREFIX = "deerflow-convert-"
+# deerflow-convert-<pid>.<start time>-<random>: enough to tell whether the owner still runs.
+_WORK_FOLDER = re.compile(re.escape(WORK_FOLDER_PREFIX) + r"(\d+)\.(\d+)-")
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, never in a fork
+except (OSError, AttributeError):  # not Linux: the worker still dies at its time limits
+    _prctl = None
+
+
+def process_start_time(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc), or None if there is no such
+    process; with the pid it names one process, even after the pid is reused."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19]) if len(fields) > 19 and fields[0] not in {"Z", "X"} else None
+
+
+def _work_folder_prefix() -> str:
+    pid = os.getpid()
+    return f"{WORK_FOLDER_PREFIX}{pid}.{process_start_time(pid) or 0}-"
+
+
+def sweep_stale_work_folders(directory: Path | None = None) -> int:
+    """Remove the work folders of conversions whose server process is gone (killed while a
+    worker ran); return how many. A folder of a live process, another user's, or one not
+    named after its owner is left alone."""
+    base = Path(directory if directory is not None else tempfile.gettempdir())
+    removed = 0
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _WORK_FOLDER.match(entry.name)
+        if match is None:
+            continue
+        try:
+            if (
+                not entry.is_dir(follow_symlinks=False)
+                or entry.stat(follow_symlinks=False).st_uid != os.geteuid()
+            ):
+                continue
+        except OSError:
+            continue
+        pid, started = int(match[1]), int(match[2])
+        if process_start_time(pid) == started:
+            continue  # its owner still runs (a conversion in another server process)
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed += 1
+    if removed:
+        logger.info("removed %d work folder(s) of conversions cut off by a restart", removed)
+    return removed
+
+
+def _prepare_child(parent: int, cpu_limit_seconds: float | None) -> None:
+    """Run in the child between fork and exec: SIGKILL when the parent dies (see above),
+    and the job's CPU limit, which the kernel enforces on whatever command runs."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request: nobody would ask
+        os._exit(1)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if cpu_limit_seconds:
+        soft = max(1, math.ceil(cpu_limit_seconds))
+        # SIGXCPU at the soft limit; SIGKILL a second later if that signal is ignored.
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+
 
 @dataclass(frozen=True)
 class MarkdownConversion:
@@ -88,6 +174,7 @@ def convert_to_markdown(
     memory_limit_mb: int,
     max_output_bytes: int | None = None,
     worker_command: Sequence[str] | None = None,
+    cpu_limit_seconds: float | None = None,
 ) -> MarkdownConversion:
     """Convert `source` to Markdown at `destination` in a time- and memory-limited process.
 
@@ -105,8 +192,11 @@ def convert_to_markdown(
         max_output_bytes: `conversion.max_output_bytes`: Markdown longer than this fails
             the conversion (nothing is saved); None means no cap.
         worker_command: Replaces `WORKER_COMMAND`, for tests. The command gets the worker's
-            arguments appended and must follow the protocol in `worker.py`; limits
-            other than the wall-clock one are the command's own business.
+            arguments appended and must follow the protocol in `worker.py`; the memory
+            limit is the command's own business.
+        cpu_limit_seconds: `conversion.cpu_limit_seconds`: CPU time the worker may use
+            (RLIMIT_CPU, set before exec, so any command gets it); None: only the worker's
+            own backstop just above the wall-clock limit.
 
     Returns:
         The destination, the number of characters written, the duration and the worker's
@@ -114,7 +204,8 @@ def convert_to_markdown(
 
     Raises:
         NotConvertible: The extension is not a convertible one.
-        ConversionTimedOut: The worker ran past `timeout_seconds` and was killed.
+        ConversionTimedOut: The worker ran past `timeout_seconds`, or used up
+            `cpu_limit_seconds` of CPU, and was stopped.
         ConversionError: Any other failure, with a sentence a user can act on.
         ValueError: A non-positive limit.
     """
@@ -150,6 +241,7 @@ def convert_to_markdown(
             memory_limit_mb=memory_limit_mb,
             max_output_bytes=max_output_bytes,
             worker_command=worker_command,
+            cpu_limit_seconds=cpu_limit_seconds,
         )
     peak_rss_kb = result.get("peak_rss_kb")
     characters = result.get("characters")
@@ -171,11 +263,12 @@ def _convert_stream(
     memory_limit_mb: int,
     max_output_bytes: int | None,
     worker_command: Sequence[str] | None,
+    cpu_limit_seconds: float | None = None,
 ) -> dict[str, object]:
     """Run the worker on an open document and put its Markdown in place; return its report."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(
-        prefix="deerflow-convert-", ignore_cleanup_errors=True
+        prefix=_work_folder_prefix(), ignore_cleanup_errors=True
     ) as private:
         private_dir = Path(private)
         staging = _create_staging(destination, name)
@@ -194,7 +287,7 @@ def _convert_stream(
                 "--max-output-bytes",
                 str(max_output_bytes or 0),
             ]
-            returncode = _run(argv, document, private_dir, name, timeout_seconds)
+            returncode = _run(argv, document, private_dir, name, timeout_seconds, cpu_limit_seconds)
             result = _read_result(private_dir / "result.json")
             if returncode != 0 or result.get("status") != "ok":
                 log_tail = _read_tail(private_dir / "worker.log")
@@ -207,6 +300,7 @@ def _convert_stream(
                     timeout_seconds,
                     log_tail,
                     max_output_bytes,
+                    cpu_limit_seconds,
                 )
             _copy_output(private_dir / _OUTPUT_NAME, staging, name, max_output_bytes)
             _commit(staging, destination, name, max_output_bytes)
@@ -246,10 +340,16 @@ def _child_env(private_dir: Path) -> dict[str, str]:
 
 
 def _run(
-    argv: list[str], document: BinaryIO, private_dir: Path, name: str, timeout_seconds: float
+    argv: list[str],
+    document: BinaryIO,
+    private_dir: Path,
+    name: str,
+    timeout_seconds: float,
+    cpu_limit_seconds: float | None = None,
 ) -> int:
     """Run the worker in its own session and return its exit status (negative: signal)."""
     env = _child_env(private_dir)
+    parent = os.getpid()
     try:
         with (private_dir / "worker.log").open("wb") as log:
             # A file, not a pipe: a chatty worker can never block on a full pipe.
@@ -261,6 +361,7 @@ def _run(
                 cwd=private_dir,
                 env=env,
                 start_new_session=True,  # its own process group, so one kill stops everything
+                preexec_fn=lambda: _prepare_child(parent, cpu_limit_seconds),
             )
     except OSError as error:
         raise ConversionError(
@@ -353,6 +454,7 @@ def _failure(
     timeout_seconds: float,
     log_tail: str,
     max_output_bytes: int | None = None,
+    cpu_limit_seconds: float | None = None,
 ) -> ConversionError:
     """Turn the worker's report or exit status into an error a user can act on."""
     kind = result.get("kind") if result.get("status") == "error" else None
@@ -371,7 +473,13 @@ def _failure(
     if returncode == EXIT_OUT_OF_MEMORY:
         return ConversionError(_message("memory", name, suffix, memory_limit_mb, ""))
     hint = f"it may have run out of memory (limit {memory_limit_mb} MB) or the file is malformed"
-    if returncode == -signal.SIGXCPU:  # the worker's CPU-time backstop fired first
+    if returncode == -signal.SIGXCPU:  # the CPU limit fired before the wall clock
+        if cpu_limit_seconds:
+            return ConversionTimedOut(
+                f"Conversion of {name} stopped after {math.ceil(cpu_limit_seconds)} s of CPU "
+                "time (CPU limit, conversion.cpu_limit_seconds): the document takes too much "
+                "work to read"
+            )
         return ConversionTimedOut(
             f"Conversion of {name} stopped after {timeout_seconds:g} s of CPU time (time limit)"
         )

@@ -70,14 +70,16 @@ _OUT_OF_MEMORY_MARKERS = ("failed to map segment", "cannot allocate memory", "ba
 def apply_limits(memory_limit_mb: int, time_limit_seconds: float) -> None:
     """Cap this process's address space and CPU time before any parser is imported.
 
-    The CPU cap is a backstop for an orphaned worker: the parent kills the process group on
-    its wall-clock limit, but if the parent itself dies, the kernel still ends the worker.
+    The CPU cap is a backstop for a worker started without one: the parent sets the job's
+    own CPU limit (`conversion.cpu_limit_seconds`) before exec, which this never raises.
     """
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash must not leave a core dump
     if memory_limit_mb > 0:
         limit = memory_limit_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    if time_limit_seconds > 0:
+    if time_limit_seconds > 0 and resource.getrlimit(resource.RLIMIT_CPU)[0] == (
+        resource.RLIM_INFINITY
+    ):
         soft = math.ceil(time_limit_seconds) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
 

@@ -27,6 +27,7 @@ from deerflow_web.models import UploadRecord
 from deerflow_web.models import suffix_of
 from deerflow_web.services.conversion.jobs import INTERRUPTED
 from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.files.freshness import checked_upload
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.sniff import sniff_content_type
@@ -144,6 +145,12 @@ class DocumentTexts:
         record = next((r for r in records if r.filename == filename), None)
         if record is None:
             raise UploadNotFound(filename)
+        # The document as it is now: an edit in place since the last listing gives it a new
+        # SHA-256, so the old companion no longer counts and the new bytes are converted.
+        checked = checked_upload(self.jobs.uploads, self.thread_id, filename, self.user_id)
+        if checked is not None and checked.sha256 != record.sha256:
+            record = checked
+            records = [checked if r.filename == filename else r for r in records]
         companion = current_companion(record, records)
         if companion is None and _failed_before(record):
             # The same bytes failed already; converting them again would fail the same way.

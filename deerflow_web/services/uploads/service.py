@@ -277,8 +277,16 @@ def _folder_signature(folder: Path) -> tuple[int, int, int] | None:
 
 def _in_sync(on_disk: dict[str, FileFacts], stored: list[StoredRecord]) -> bool:
     return len(on_disk) == len(stored) and all(
-        on_disk.get(s.record.filename) == (s.record.size, s.mtime_ns, s.inode) for s in stored
+        on_disk.get(s.record.filename) == _recorded_facts(s, on_disk) for s in stored
     )
+
+
+def _recorded_facts(stored: StoredRecord, on_disk: dict[str, FileFacts]) -> FileFacts:
+    """The facts a record describes; a record without a ctime (an earlier release) takes
+    the disk's, so listing it costs no hash (its next use checks it, `files/freshness.py`)."""
+    found = on_disk.get(stored.record.filename)
+    ctime_ns = stored.ctime_ns if stored.ctime_ns is not None or found is None else found.ctime_ns
+    return FileFacts(stored.record.size, stored.mtime_ns, stored.inode, ctime_ns or 0)
 
 
 class UploadService:
@@ -411,7 +419,7 @@ class UploadService:
             modified=info.st_mtime_ns / 1e9,
             original_filename=item.original_filename,
         )
-        txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino))
+        txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns))
         return record
 
     def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
@@ -462,7 +470,7 @@ class UploadService:
     def _reconcile(
         self, scope: str, folder: Path, on_disk: dict[str, FileFacts], stored: list[StoredRecord]
     ) -> list[UploadRecord]:
-        known = {s.record.filename: FileFacts(s.record.size, s.mtime_ns, s.inode) for s in stored}
+        known = {s.record.filename: _recorded_facts(s, on_disk) for s in stored}
         # Hashed outside the lock (a large file must not stall other writers) and off the
         # event loop (a large file must not stall other connections).
         hashed = off_loop(_hash_changed, folder, on_disk, known)
@@ -478,7 +486,7 @@ class UploadService:
                 record = _record_from_disk(
                     name, facts, sha256, content_type, previous.record if previous else None
                 )
-                txn.put(StoredRecord(record, facts.mtime_ns, facts.inode))
+                txn.put(StoredRecord(record, facts.mtime_ns, facts.inode, facts.ctime_ns))
             return [s.record for s in txn.all()]
 
     def resolve_artifact(
@@ -576,7 +584,7 @@ class UploadService:
             txn.delete(filename)
             info = (folder / target).lstat()
             record = replace(stored.record, filename=target, original_filename=None)
-            txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino))
+            txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns))
             for other in txn.all():
                 if other.record.converted_from == filename:
                     txn.put(replace(other, record=replace(other.record, converted_from=target)))

@@ -1,0 +1,150 @@
+"""A record checked against its file at the moment the file is used.
+
+A listing trusts the records between two scans of the folder (`UploadService.list_uploads`),
+so an edit in place behind the app's back (same name, same inode, the folder untouched) shows
+in a list only at the next scan. Whatever is served *from* a record is checked first: a
+download's ETag, the text an agent reads, the companion chosen for a document, the source a
+conversion starts from. One `fstat` of the opened file gives its size, mtime, inode and
+ctime; the ctime is the fact no writer can set back (`cp -p`, `touch -d` and `os.utime`
+restore an mtime, and move the ctime doing so). When they differ from the record, the open
+file is hashed again and the record updated under the records lock, so its SHA-256 and all
+that follows from it (the ETag, whether a companion is current) describe the bytes about
+to be served.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import BinaryIO
+
+from deerflow_web.concurrency import off_loop
+from deerflow_web.models import UploadRecord
+from deerflow_web.storage.local import FileFacts
+from deerflow_web.storage.local import facts_of
+from deerflow_web.storage.local import hash_and_sniff_open
+from deerflow_web.storage.records import StoredRecord
+
+if TYPE_CHECKING:
+    from deerflow_web.services.uploads.service import UploadService
+
+
+@dataclass(frozen=True)
+class CheckedFile:
+    """An opened file, its identity at the moment it was opened, and the upload record that
+    describes exactly those bytes (None outside uploads/, or while the file keeps changing)."""
+
+    file: BinaryIO
+    facts: FileFacts
+    record: UploadRecord | None
+
+    @property
+    def etag(self) -> str:
+        """Changes whenever the bytes may have: their SHA-256 when a record vouches for them
+        (bare hex, the form DeerFlow's artifact editor reads back as `expected_sha256`), else
+        the whole identity (a write always moves the ctime)."""
+        if self.record is not None:
+            return self.record.sha256
+        facts = self.facts
+        return f"{facts.inode:x}-{facts.size:x}-{facts.mtime_ns:x}-{facts.ctime_ns:x}"
+
+
+def describes(stored: StoredRecord, facts: FileFacts) -> bool:
+    """Whether a record was written for the file as it is now (a record without a ctime,
+    from an earlier release, never counts: its file is hashed once)."""
+    return stored.ctime_ns is not None and (
+        stored.record.size,
+        stored.mtime_ns,
+        stored.inode,
+        stored.ctime_ns,
+    ) == tuple(facts)
+
+
+def open_checked(
+    uploads: UploadService, thread_id: str, path: Path, user_id: str | None = None
+) -> CheckedFile:
+    """Open a resolved file of the thread (never through a link) and check its record.
+
+    Raises:
+        OSError: The file is gone or cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    handle = os.fdopen(fd, "rb")
+    try:
+        info = os.fstat(fd)
+        record = None
+        if stat.S_ISREG(info.st_mode) and path.parent == uploads.uploads_dir(thread_id, user_id):
+            record = checked_record(uploads, thread_id, path.name, user_id, fd, info)
+        return CheckedFile(handle, facts_of(info), record)
+    except BaseException:
+        handle.close()
+        raise
+
+
+def checked_upload(
+    uploads: UploadService, thread_id: str, filename: str, user_id: str | None = None
+) -> UploadRecord | None:
+    """The upload's record, checked against its file now (see `checked_record`); None when
+    the file cannot be opened as a regular file."""
+    path = uploads.uploads_dir(thread_id, user_id) / filename
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return checked_record(uploads, thread_id, filename, user_id, fd, info)
+    finally:
+        os.close(fd)
+
+
+def checked_record(
+    uploads: UploadService,
+    thread_id: str,
+    filename: str,
+    user_id: str | None,
+    fd: int,
+    info: os.stat_result,
+) -> UploadRecord | None:
+    """The record of the upload open as `fd` (whose `fstat` is `info`), made to describe it.
+
+    None when there is no record, or when the file changed while it was hashed or no longer
+    has this name: then nothing vouches for its bytes, and the next use looks again.
+    """
+    scope = uploads.paths.scope(thread_id, user_id)
+    records = uploads.records
+    stored = records.get(scope, filename)
+    if stored is None:
+        return None
+    facts = facts_of(info)
+    if describes(stored, facts):
+        return stored.record
+    sha256, content_type = off_loop(hash_and_sniff_open, fd, filename)
+    if facts_of(os.fstat(fd)) != facts:
+        return None  # written to while we read it
+    path = uploads.uploads_dir(thread_id, user_id) / filename
+    with records.locked(scope) as txn:
+        current = txn.get(filename)
+        try:
+            named = path.lstat()
+        except OSError:
+            return None
+        if current is None or named.st_ino != facts.inode or named.st_nlink != 1:
+            return None  # deleted, renamed over or linked meanwhile
+        record = replace(
+            current.record,
+            size=facts.size,
+            sha256=sha256,
+            content_type=content_type,
+            modified=facts.mtime_ns / 1e9,
+        )
+        # Only the file's columns: a conversion job running on it keeps its owner and lease.
+        fresh = StoredRecord(record, facts.mtime_ns, facts.inode, facts.ctime_ns)
+        records.update_file(scope, fresh)
+    return record
