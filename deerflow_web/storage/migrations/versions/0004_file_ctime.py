@@ -1,7 +1,7 @@
 """Upload records keep the file's ctime, which no writer can set back (unlike the mtime).
 
-Revision ID: 0003_conversion
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-12-01
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_conversion"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

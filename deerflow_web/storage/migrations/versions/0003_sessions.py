@@ -1,6 +1,6 @@
 """Session idle timeout and persistence; one-time secrets kept for their session.
 
-Revision ID: 0003_accounts
+Revision ID: 0003
 Revises: 0002
 Create Date: 2026-12-01
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_accounts"
+revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
