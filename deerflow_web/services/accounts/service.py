@@ -64,10 +64,10 @@ SESSION_IDLE_SECONDS = 12 * 3600  # the default idle timeout of a browser sessio
 LAST_SEEN_EVERY = 60  # a session's last request is written at most this often
 ONE_TIME_SECONDS = 15 * 60  # a secret not shown within this is dropped
 LOCKOUT_ATTEMPTS = 5  # failures for one account from one address that lock the pair
-# Failures from one address, whatever the accounts, that lock the address: more than a
-# pair's five, or the pair's lock would never be the one that acts, and an office behind
-# one NAT address would be locked out by five typos of five people.
-ADDRESS_ATTEMPTS = 20
+# Failures from one address, whatever the accounts, that lock the address (SPEC 7.5). A
+# guesser spreading tries over many accounts is stopped as soon as one who sticks to one;
+# the owner signing in from anywhere else is only ever slowed (ACCOUNT_FREE_FAILURES).
+ADDRESS_ATTEMPTS = 5
 LOCKOUT_WINDOW = 5 * 60
 ACCOUNT_FREE_FAILURES = 5  # failures for an account before each next try waits
 ACCOUNT_WINDOW = 15 * 60  # failures for an account counted over this
@@ -425,7 +425,7 @@ class AccountService:
         """Seconds before the next try may be made, or None when it may be made now.
 
         The (account, address) pair is locked for five minutes from the failure that made
-        five within five minutes, the address likewise after twenty (for any accounts);
+        five within five minutes, the address likewise after five (for any accounts);
         the account, from wherever the tries come, waits `account_delay(failures in the
         last 15 minutes)` after its latest failure. Tries refused while waiting are not
         counted, so every wait ends on time.
