@@ -141,7 +141,14 @@ def test_upload_in_chunks_commits_once_the_last_byte_arrives(
     assert (uploads_dir(base_dir, "t1") / "报告 big.bin").read_bytes() == DATA
     assert staging_files(base_dir, "t1") == []
     assert uploads.names("t1") == ["报告 big.bin"]
-    assert tus.head(url).status_code == 404  # finished uploads are gone from the protocol
+    # A finished upload answers with its full offset until it expires: a client whose
+    # last answer was lost learns it is done (and a zero-byte PATCH there changes nothing).
+    head = tus.head(url)
+    assert head.status_code == 200
+    assert head.headers["Upload-Offset"] == head.headers["Upload-Length"] == str(len(DATA))
+    assert tus.patch(url, len(DATA), b"").status_code == 204
+    assert tus.patch(url, 0, DATA[:10]).status_code == 409
+    assert uploads.names("t1") == ["报告 big.bin"]
 
 
 def test_tus_file_is_indistinguishable_from_a_multipart_one(
@@ -212,7 +219,7 @@ def test_reject_when_the_name_is_taken_at_creation(
 def test_empty_file_is_committed_at_creation(tus: TusActions, uploads: UploadActions) -> None:
     url = tus.start("t1", 0, filename="empty.txt")
     assert uploads.names("t1") == ["empty.txt"]
-    assert tus.head(url).status_code == 404
+    assert tus.head(url).headers["Upload-Offset"] == "0"  # complete
 
 
 def test_automatic_conversion_runs_after_a_tus_commit(make_app: Any, tmp_path: Path) -> None:

@@ -174,8 +174,12 @@ resumable_uploads = Table(
     Column("created_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
     Column("staging_path", Text, nullable=False),
+    # Set in the commit's transaction: the upload is complete and stored under this name
+    # (kept until expiry, so a retried request learns so).
+    Column("committed_name", Text),
     Index("ix_resumable_uploads_expiry", "expires_at"),
     Index("ix_resumable_uploads_staging", "staging_path"),
+    Index("ix_resumable_uploads_user", "user_id"),
 )
 
 

@@ -22,6 +22,7 @@ from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy import update
+from sqlalchemy.engine import Connection
 
 from deerflow_web.models import ResumableUpload
 from deerflow_web.storage.database import resumable_uploads
@@ -45,6 +46,7 @@ _COLUMNS = tuple(
         "created_at",
         "expires_at",
         "staging_path",
+        "committed_name",
     )
 )
 
@@ -67,7 +69,8 @@ class ResumableStore(Protocol):
         pending_from: int | None,
         expires_at: float | None = None,
     ) -> None: ...
-    def remove(self, upload_id: str) -> None: ...
+    def remove(self, upload_id: str, *, only_pending: bool = False) -> None: ...
+    def mark_committed(self, upload_id: str, name: str, within: Connection) -> None: ...
     def expired(self, now: float) -> list[ResumableUpload]: ...
     def has_staging(self, path: Path) -> bool: ...
 
@@ -86,6 +89,7 @@ def _to_upload(row: tuple) -> ResumableUpload:
         created_at,
         expires_at,
         staging_path,
+        committed_name,
     ) = row
     return ResumableUpload(
         upload_id=upload_id,
@@ -100,6 +104,7 @@ def _to_upload(row: tuple) -> ResumableUpload:
         created_at=created_at,
         expires_at=expires_at,
         staging_path=Path(staging_path),
+        committed_name=committed_name,
     )
 
 
@@ -155,10 +160,23 @@ class DatabaseResumableStore:
                 .values(values)
             )
 
-    def remove(self, upload_id: str) -> None:
-        """Forget an upload (finished, terminated or expired)."""
+    def remove(self, upload_id: str, *, only_pending: bool = False) -> None:
+        """Forget an upload (refused, terminated or expired); with `only_pending`, only
+        while it is not committed (a commit in another process may just have landed)."""
+        statement = delete(resumable_uploads).where(resumable_uploads.c.upload_id == upload_id)
+        if only_pending:
+            statement = statement.where(resumable_uploads.c.committed_name.is_(None))
         with write_transaction(self.engine) as db:
-            db.execute(delete(resumable_uploads).where(resumable_uploads.c.upload_id == upload_id))
+            db.execute(statement)
+
+    def mark_committed(self, upload_id: str, name: str, within: Connection) -> None:
+        """Record, in the transaction that commits the file (`within`), that the upload is
+        complete and stored as `name`: both hold, or neither."""
+        within.execute(
+            update(resumable_uploads)
+            .where(resumable_uploads.c.upload_id == upload_id)
+            .values(committed_name=name, pending_from=None)
+        )
 
     def expired(self, now: float) -> list[ResumableUpload]:
         """Every upload whose expiry has passed."""
