@@ -62,6 +62,7 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.errors import UserNotFound
 from deerflow_web.errors import WeakPassword
 from deerflow_web.errors import WrongPassword
+from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.database import is_unavailable
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ NAME_TOO_LONG = "Name too long: a file or folder name is at most 255 bytes"
 NUL_IN_NAME = "Names and paths may not contain a NUL byte"
 DATABASE_UNAVAILABLE = "The database is unavailable; try again shortly"
 DATABASE_RETRY_AFTER_SECONDS = 5
+STORAGE_FULL = "Storage is full: nothing was changed; try again once space has been freed"
 MALFORMED_BODY = "Malformed request body: the chunked transfer encoding is broken"
 
 
@@ -142,6 +144,17 @@ def client_fault(error: BaseException) -> str | None:
             return MALFORMED_BODY  # gunicorn reading a body: bad chunk size, missing CRLF
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def storage_full(error: BaseException) -> bool:
+    """Whether the database could not write for lack of disk space, anywhere in the chain
+    of causes: 507, like a file that does not fit, not 503 (the database is there)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if is_storage_full(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def database_unreachable(error: BaseException) -> bool:
@@ -203,6 +216,9 @@ def register_error_handlers(app: Flask) -> None:
     def handle_unexpected(error: Exception) -> ResponseReturnValue:
         if (fault := client_fault(error)) is not None:
             return render_error(400, fault)
+        if storage_full(error):
+            logger.warning("request failed: storage full: %s", error)
+            return render_error(507, STORAGE_FULL)
         if database_unreachable(error):
             logger.warning("request failed: database unreachable: %s", error)
             return render_error(

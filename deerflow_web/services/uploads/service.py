@@ -552,31 +552,28 @@ class UploadService:
         folder = self.uploads_dir(thread_id, user_id)
         self._require_regular_file(folder / filename, filename)
         self.list_uploads(thread_id, user_id)  # fresh records: the cascade relies on them
-        commit = AtomicCommit()
-        try:
-            with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
-                try:
-                    commit.remove(folder / filename)
-                except FileNotFoundError as error:
-                    raise UploadNotFound(filename) from error
-                txn.delete(filename)
-                gone = [filename, *self._drop_companions(txn, folder, filename, commit)]
-        except OSError as error:
-            commit.undo()
-            if is_disk_full(error):
-                raise InsufficientStorage(filename) from error
-            raise StorageFailure(f"Failed to delete {filename}: {error}") from error
-        except BaseException:
-            commit.undo()  # the records still name the file: it stays
-            raise
-        commit.forget_backups()
-        return gone
+        # The bytes go first: on a full disk, deleting is how space is freed, and the
+        # records' write then has room (a record left behind is dropped by the next
+        # listing's reconciliation).
+        with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+            try:
+                (folder / filename).unlink()
+            except FileNotFoundError as error:
+                raise UploadNotFound(filename) from error
+            except OSError as error:
+                raise StorageFailure(f"Failed to delete {filename}: {error}") from error
+            txn.delete(filename)
+            return [filename, *self._drop_companions(txn, folder, filename)]
 
     def _drop_companions(
-        self, txn: RecordsTransaction, folder: Path, original: str, commit: AtomicCommit
+        self,
+        txn: RecordsTransaction,
+        folder: Path,
+        original: str,
+        commit: AtomicCommit | None = None,
     ) -> list[str]:
-        """Delete the `.md` files converted from `original` (once `commit` holds); return
-        their names."""
+        """Delete the `.md` files converted from `original`; return their names. With
+        `commit`, each is only set aside until the commit holds (`AtomicCommit.remove`)."""
         dropped = []
         for stored in txn.all():
             record = stored.record
@@ -584,7 +581,10 @@ class UploadService:
                 continue
             path = folder / record.filename
             if is_safe_destination(path) and path.exists():
-                commit.remove(path)
+                if commit is None:
+                    path.unlink()
+                else:
+                    commit.remove(path)
             txn.delete(record.filename)
             dropped.append(record.filename)
         return dropped
