@@ -24,6 +24,7 @@ from urllib.parse import urljoin
 
 import pytest
 import requests
+import yaml
 
 from deerflow_web.storage.paths import is_staging_name
 from tests.conftest import AUTH_ON
@@ -35,6 +36,7 @@ from tests.live_server import LiveServer
 AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
 SIZE = 8 * 1000 * 1000
 TUS = {"Tus-Resumable": "1.0.0"}
+PENDING_CAP = 3
 TRIALS = int(os.environ.get("COMMIT_RACE_TRIALS", "10"))
 
 
@@ -45,9 +47,17 @@ def servers(request: pytest.FixtureRequest, base_dir: Path, tmp_path: Path) -> I
     if request.param == "two-instances-postgresql":
         database_url = request.getfixturevalue("postgres_url")
     provision_server_user(base_dir, database_url=database_url)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"uploads": {"resumable_max_pending": PENDING_CAP}}))
     count = 1 if database_url is None else 2
     started = [
-        LiveServer(base_dir, database_url=database_url, workers=2, log=tmp_path / f"s{n}.log")
+        LiveServer(
+            base_dir,
+            config=config,
+            database_url=database_url,
+            workers=2,
+            log=tmp_path / f"s{n}.log",
+        )
         for n in range(count)
     ]
     try:
@@ -237,3 +247,21 @@ def test_two_resumable_uploads_finishing_together(
             assert sorted(r.status_code for r in answers) == [204, 409], trial
             winner = next(d for r, d in zip(answers, (a, b), strict=True) if r.ok)
             assert on_disk == {"x.bin": sha(winner)}, trial
+
+
+def test_the_pending_uploads_cap_holds_across_processes(servers: tuple, base_dir: Path) -> None:
+    """Creations racing on every worker (and instance) cannot all slip under the cap."""
+    metadata = "filename " + base64.b64encode(b"x.bin").decode()
+
+    def create(server: LiveServer) -> Any:
+        return lambda: requests.post(
+            f"{server.url}/api/threads/capped/uploads/tus",
+            headers={**AUTH, **TUS, "Upload-Length": "1000", "Upload-Metadata": metadata},
+            timeout=60,
+        )
+
+    answers = together(*(create(servers[n % 2]) for n in range(4 * PENDING_CAP)))
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses == [201] * PENDING_CAP + [429] * (3 * PENDING_CAP), statuses
+    folder = uploads_dir(base_dir, "capped")
+    assert len([n for n in os.listdir(folder) if is_staging_name(n)]) == PENDING_CAP

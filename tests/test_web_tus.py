@@ -624,3 +624,56 @@ def test_tus_clients_need_no_form_token(make_app: Any) -> None:
     tus = TusActions(make_app(WTF_CSRF_ENABLED=True).test_client())
     url = tus.start("t1", 3, filename="a.txt")
     assert tus.patch(url, 0, b"abc").status_code == 204
+
+
+def capped(make_app: Any, **caps: int) -> tuple[Flask, TusActions]:
+    app = make_app(uploads={f"resumable_{key}": value for key, value in caps.items()})
+    return app, TusActions(app.test_client())
+
+
+def test_pending_uploads_are_capped_per_user_by_count(make_app: Any, base_dir: Path) -> None:
+    app, tus = capped(make_app, max_pending=2)
+    first = tus.start("t1", 100)
+    tus.start("t2", 100)  # the cap counts the user's uploads in every thread
+    refused = tus.create("t1", 100, encode_metadata(filename="c.bin"))
+    assert refused.status_code == 429
+    assert "uploads.resumable_max_pending" in refused.get_json()["detail"]
+    assert refused.headers["Tus-Resumable"] == "1.0.0"
+    assert len(staging_files(base_dir, "t1")) == 1  # nothing staged for the refused one
+
+    assert tus.delete(first).status_code == 204  # a cancelled one frees its place
+    finished = tus.start("t1", 3, filename="done.txt")
+    assert tus.patch(finished, 0, b"abc").status_code == 204  # and so does a finished one
+    assert tus.create("t1", 100, encode_metadata(filename="c.bin")).status_code == 201
+
+
+def test_pending_uploads_are_capped_per_user_by_declared_bytes(
+    make_app: Any, base_dir: Path
+) -> None:
+    app, tus = capped(make_app, max_pending_bytes=1000)
+    tus.start("t1", 600)
+    refused = tus.create("t1", 401, encode_metadata(filename="c.bin"))
+    assert refused.status_code == 429
+    assert "uploads.resumable_max_pending_bytes" in refused.get_json()["detail"]
+    assert len(staging_files(base_dir, "t1")) == 1
+    assert tus.create("t1", 400, encode_metadata(filename="c.bin")).status_code == 201
+
+
+def test_expired_pending_uploads_do_not_count(make_app: Any) -> None:
+    app, tus = capped(make_app, max_pending=1)
+    tus.start("t1", 100)
+    service = app.extensions[EXTENSION_KEY].resumable
+    now = time.time()
+    service._clock = lambda: now + service.expiry_seconds + 1  # a day later
+    assert tus.create("t1", 100, encode_metadata(filename="c.bin")).status_code == 201
+
+
+@pytest.mark.skipif(USER_ID is None, reason="accounts are off: one user holds every upload")
+def test_one_users_pending_uploads_do_not_count_against_another(make_app: Any) -> None:
+    app, tus = capped(make_app, max_pending=1)
+    tus.start("t1", 100)
+    accounts = app.extensions[EXTENSION_KEY].accounts
+    other = accounts.create_user("other@example.com", "another test password").id
+    theirs = TusActions(app.test_client(user_id=other))
+    assert theirs.create("theirs", 100, encode_metadata(filename="c.bin")).status_code == 201
+    assert tus.create("t9", 100, encode_metadata(filename="c.bin")).status_code == 429

@@ -356,8 +356,6 @@ def is_unavailable(error: BaseException) -> bool:
     if isinstance(error, DBAPIError):
         if error.connection_invalidated:
             return True
-        if isinstance(error, OperationalError) and not (
-            _is_busy(error) or is_storage_full(error)
-        ):
+        if isinstance(error, OperationalError) and not (_is_busy(error) or is_storage_full(error)):
             return True
     return False

@@ -42,6 +42,7 @@ from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import OffsetMismatch
 from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import PathTraversal
+from deerflow_web.errors import PendingUploadsCap
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import RegistrationDisabled
 from deerflow_web.errors import RequestTimedOut
@@ -100,6 +101,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     OffsetMismatch: 409,
     UploadBusy: 409,
     ResumableExpired: 410,
+    PendingUploadsCap: 429,
     TusVersionMissing: 412,
     UnsupportedChunkType: 415,
     ChecksumMismatch: 460,

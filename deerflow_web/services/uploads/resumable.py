@@ -52,6 +52,7 @@ from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.storage.records import RecordsTransaction
 from deerflow_web.storage.resumable import DatabaseResumableStore
+from deerflow_web.storage.resumable import PendingCaps
 from deerflow_web.storage.resumable import ResumableStaging
 from deerflow_web.storage.resumable import ResumableStore
 from deerflow_web.storage.resumable import staging_name
@@ -186,12 +187,14 @@ class ResumableUploadService:
         store: ResumableStore,
         *,
         expiry_seconds: float = 24 * 3600,
+        caps: PendingCaps | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.intake = intake
         self.uploads = intake.uploads
         self.store = store
         self.expiry_seconds = expiry_seconds
+        self.caps = caps
         self._clock = clock
         self._digests = _DigestCache()
 
@@ -212,6 +215,9 @@ class ResumableUploadService:
             UnsafeFilename: A name the upload rules refuse.
             FileTooLarge: `length` is over `uploads.max_file_size`.
             NameConflict: `on_conflict=reject` and the name is taken.
+            PendingUploadsCap: The user's unfinished uploads would go over
+                `uploads.resumable_max_pending` or `uploads.resumable_max_pending_bytes`
+                (counted in the database, across processes); nothing is kept.
         """
         validate_thread_id(thread_id)
         self.sweep_expired()
@@ -248,7 +254,7 @@ class ResumableUploadService:
         # unlocked also finds the row, and keeps the file.
         staging = ResumableStaging.create(upload.staging_path)
         try:
-            self.store.add(upload)
+            self.store.add(upload, self.caps)
             if length == 0:
                 return AppendOutcome(upload, self._complete(upload, staging))
         except BaseException:
@@ -527,8 +533,13 @@ def _fill(body: ChunkSource, view: memoryview) -> tuple[int, MalformedUpload | N
 
 
 def make_resumable_service(
-    intake: UploadIntake, *, expiry_hours: float = 24.0
+    intake: UploadIntake,
+    *,
+    expiry_hours: float = 24.0,
+    max_pending: int | None = None,
+    max_pending_bytes: int | None = None,
 ) -> ResumableUploadService:
     """Build the service over the upload service's data dir and database."""
     store = DatabaseResumableStore(intake.uploads.records.engine)
-    return ResumableUploadService(intake, store, expiry_seconds=expiry_hours * 3600)
+    caps = PendingCaps(max_pending, max_pending_bytes)
+    return ResumableUploadService(intake, store, expiry_seconds=expiry_hours * 3600, caps=caps)
