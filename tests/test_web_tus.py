@@ -677,3 +677,24 @@ def test_one_users_pending_uploads_do_not_count_against_another(make_app: Any) -
     theirs = TusActions(app.test_client(user_id=other))
     assert theirs.create("theirs", 100, encode_metadata(filename="c.bin")).status_code == 201
     assert tus.create("t9", 100, encode_metadata(filename="c.bin")).status_code == 429
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["9" * 5000, "0" * 5000 + "7", "9" * 20, str(2**63)],
+    ids=["5000", "zeros", "20", "2^63"],
+)
+def test_a_huge_number_in_a_tus_header_is_400(tus: TusActions, base_dir: Path, value: str) -> None:
+    created = tus.create("t1", 0, encode_metadata(filename="a.bin"), **{"Upload-Length": value})
+    if value.lstrip("0") == "7":
+        assert created.status_code == 201  # leading zeros are still a number
+    else:
+        assert created.status_code == 400
+        assert "Upload-Length is too large" in created.get_json()["detail"]
+    url = tus.start("t1", 10)
+    patched = tus.patch(url, 0, b"x", **{"Upload-Offset": value})
+    assert patched.status_code in (400, 409)
+    assert "detail" in patched.get_json()
+    if value.lstrip("0") != "7":
+        assert "Upload-Offset is too large" in patched.get_json()["detail"]
+    assert tus.offset(url) == 0  # nothing written
