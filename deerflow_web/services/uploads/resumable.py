@@ -261,7 +261,8 @@ class ResumableUploadService:
             staging.discard()
             self.store.remove(upload_id)
             raise
-        staging.close()
+        finally:
+            staging.close()
         return AppendOutcome(upload)
 
     def status(
