@@ -473,6 +473,18 @@ class ResumableNotFound(ResumableError):
         super().__init__("Upload not found")
 
 
+class PendingUploadsCap(ResumableError):
+    """A user's unfinished resumable uploads would go over a cap (count or declared bytes):
+    hidden staging space is bounded per user. Finish or terminate one first."""
+
+    def __init__(self, setting: str, cap: int, what: str) -> None:
+        super().__init__(
+            f"Too many unfinished resumable uploads: {what}, over the cap of {cap} "
+            f"(uploads.{setting}); finish or cancel one first"
+        )
+        self.setting = setting
+
+
 class ResumableExpired(ResumableError):
     """The upload was not finished before its expiry and has been removed."""
 

@@ -221,3 +221,4 @@ class ResumableUpload:
     expires_at: float
     staging_path: Path
     pending_from: int | None = None
+    committed_name: str | None = None  # stored under this name: the upload is complete

@@ -65,11 +65,15 @@ class AgentSettings:
 
 @dataclass(frozen=True)
 class ResumableSettings:
-    """Resumable (tus) uploads: how long an unfinished one is kept, and from which size
-    the file manager sends a file that way."""
+    """Resumable (tus) uploads: how long an unfinished one is kept, from which size the
+    file manager sends a file that way, and how many unfinished ones a user may hold."""
 
     expiry_hours: float = 24.0
     threshold_bytes: int = 8 * 1024 * 1024
+    # Per user, unfinished uploads only: how many at once, and their declared bytes in all
+    # (20 uploads of the default 50 MiB file limit fit).
+    max_pending: int = 20
+    max_pending_bytes: int = 1024 * 1024 * 1024
 
     @classmethod
     def from_mapping(cls, uploads: Mapping[str, Any]) -> ResumableSettings:
@@ -78,6 +82,10 @@ class ResumableSettings:
             expiry_hours=positive_setting(uploads, "resumable_expiry_hours", cls.expiry_hours),
             threshold_bytes=positive_setting(
                 uploads, "resumable_threshold_bytes", cls.threshold_bytes
+            ),
+            max_pending=positive_setting(uploads, "resumable_max_pending", cls.max_pending),
+            max_pending_bytes=positive_setting(
+                uploads, "resumable_max_pending_bytes", cls.max_pending_bytes
             ),
         )
 

@@ -104,10 +104,11 @@ class PostgresServer:
             capture_output=True,
         )
 
-    def stop_server(self) -> None:
-        """Stop the server (fast shutdown: connections are cut), keeping its data."""
+    def stop_server(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data: `fast` cuts the connections; `immediate`
+        stops at once, as a crash would (recovery runs at the next start)."""
         self._admin.dispose()
-        self._pg_ctl("-m", "fast", "-w", "stop")
+        self._pg_ctl("-m", mode, "-w", "stop")
 
     def commit_durably(self, url: str) -> None:
         """Make the database's commits survive `crash_server` (the session's cluster turns

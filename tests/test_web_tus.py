@@ -141,7 +141,14 @@ def test_upload_in_chunks_commits_once_the_last_byte_arrives(
     assert (uploads_dir(base_dir, "t1") / "报告 big.bin").read_bytes() == DATA
     assert staging_files(base_dir, "t1") == []
     assert uploads.names("t1") == ["报告 big.bin"]
-    assert tus.head(url).status_code == 404  # finished uploads are gone from the protocol
+    # A finished upload answers with its full offset until it expires: a client whose
+    # last answer was lost learns it is done (and a zero-byte PATCH there changes nothing).
+    head = tus.head(url)
+    assert head.status_code == 200
+    assert head.headers["Upload-Offset"] == head.headers["Upload-Length"] == str(len(DATA))
+    assert tus.patch(url, len(DATA), b"").status_code == 204
+    assert tus.patch(url, 0, DATA[:10]).status_code == 409
+    assert uploads.names("t1") == ["报告 big.bin"]
 
 
 def test_tus_file_is_indistinguishable_from_a_multipart_one(
@@ -212,7 +219,7 @@ def test_reject_when_the_name_is_taken_at_creation(
 def test_empty_file_is_committed_at_creation(tus: TusActions, uploads: UploadActions) -> None:
     url = tus.start("t1", 0, filename="empty.txt")
     assert uploads.names("t1") == ["empty.txt"]
-    assert tus.head(url).status_code == 404
+    assert tus.head(url).headers["Upload-Offset"] == "0"  # complete
 
 
 def test_automatic_conversion_runs_after_a_tus_commit(make_app: Any, tmp_path: Path) -> None:
@@ -617,3 +624,77 @@ def test_tus_clients_need_no_form_token(make_app: Any) -> None:
     tus = TusActions(make_app(WTF_CSRF_ENABLED=True).test_client())
     url = tus.start("t1", 3, filename="a.txt")
     assert tus.patch(url, 0, b"abc").status_code == 204
+
+
+def capped(make_app: Any, **caps: int) -> tuple[Flask, TusActions]:
+    app = make_app(uploads={f"resumable_{key}": value for key, value in caps.items()})
+    return app, TusActions(app.test_client())
+
+
+def test_pending_uploads_are_capped_per_user_by_count(make_app: Any, base_dir: Path) -> None:
+    app, tus = capped(make_app, max_pending=2)
+    first = tus.start("t1", 100)
+    tus.start("t2", 100)  # the cap counts the user's uploads in every thread
+    refused = tus.create("t1", 100, encode_metadata(filename="c.bin"))
+    assert refused.status_code == 429
+    assert "uploads.resumable_max_pending" in refused.get_json()["detail"]
+    assert refused.headers["Tus-Resumable"] == "1.0.0"
+    assert len(staging_files(base_dir, "t1")) == 1  # nothing staged for the refused one
+
+    assert tus.delete(first).status_code == 204  # a cancelled one frees its place
+    finished = tus.start("t1", 3, filename="done.txt")
+    assert tus.patch(finished, 0, b"abc").status_code == 204  # and so does a finished one
+    assert tus.create("t1", 100, encode_metadata(filename="c.bin")).status_code == 201
+
+
+def test_pending_uploads_are_capped_per_user_by_declared_bytes(
+    make_app: Any, base_dir: Path
+) -> None:
+    app, tus = capped(make_app, max_pending_bytes=1000)
+    tus.start("t1", 600)
+    refused = tus.create("t1", 401, encode_metadata(filename="c.bin"))
+    assert refused.status_code == 429
+    assert "uploads.resumable_max_pending_bytes" in refused.get_json()["detail"]
+    assert len(staging_files(base_dir, "t1")) == 1
+    assert tus.create("t1", 400, encode_metadata(filename="c.bin")).status_code == 201
+
+
+def test_expired_pending_uploads_do_not_count(make_app: Any) -> None:
+    app, tus = capped(make_app, max_pending=1)
+    tus.start("t1", 100)
+    service = app.extensions[EXTENSION_KEY].resumable
+    now = time.time()
+    service._clock = lambda: now + service.expiry_seconds + 1  # a day later
+    assert tus.create("t1", 100, encode_metadata(filename="c.bin")).status_code == 201
+
+
+@pytest.mark.skipif(USER_ID is None, reason="accounts are off: one user holds every upload")
+def test_one_users_pending_uploads_do_not_count_against_another(make_app: Any) -> None:
+    app, tus = capped(make_app, max_pending=1)
+    tus.start("t1", 100)
+    accounts = app.extensions[EXTENSION_KEY].accounts
+    other = accounts.create_user("other@example.com", "another test password").id
+    theirs = TusActions(app.test_client(user_id=other))
+    assert theirs.create("theirs", 100, encode_metadata(filename="c.bin")).status_code == 201
+    assert tus.create("t9", 100, encode_metadata(filename="c.bin")).status_code == 429
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["9" * 5000, "0" * 5000 + "7", "9" * 20, str(2**63)],
+    ids=["5000", "zeros", "20", "2^63"],
+)
+def test_a_huge_number_in_a_tus_header_is_400(tus: TusActions, base_dir: Path, value: str) -> None:
+    created = tus.create("t1", 0, encode_metadata(filename="a.bin"), **{"Upload-Length": value})
+    if value.lstrip("0") == "7":
+        assert created.status_code == 201  # leading zeros are still a number
+    else:
+        assert created.status_code == 400
+        assert "Upload-Length is too large" in created.get_json()["detail"]
+    url = tus.start("t1", 10)
+    patched = tus.patch(url, 0, b"x", **{"Upload-Offset": value})
+    assert patched.status_code in (400, 409)
+    assert "detail" in patched.get_json()
+    if value.lstrip("0") != "7":
+        assert "Upload-Offset is too large" in patched.get_json()["detail"]
+    assert tus.offset(url) == 0  # nothing written

@@ -176,7 +176,8 @@ def test_two_patches_at_once_one_wins_the_other_is_409(server, base_dir: Path) -
     assert b"Upload-Offset: 4194304" in response
     stored = uploads_dir(base_dir, "T") / "big.bin"
     assert stored.read_bytes() == data
-    assert patch(upload_url, 0, intruder).status_code == 404  # finished and gone
+    assert patch(upload_url, 0, intruder).status_code == 409  # finished: nothing to write
+    assert stored.read_bytes() == data
 
 
 def test_tuspy_stops_after_20_chunks_and_a_new_client_resumes(

@@ -14,10 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from deerflow_web.storage.local import is_disk_full
+
 logger = logging.getLogger(__name__)
 
 OK = "ok"
 FAILED = "failed"
+FULL = "full"  # the data dir has no space left: free some, nothing to wait for
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,13 @@ def _storage_writable(base_dir: Path) -> None:
 
 
 def check_readiness(ping_database: Callable[[], None], base_dir: Path) -> Readiness:
-    """Run both checks; a failure is logged and named, never raised."""
+    """Run both checks; a failure is logged and named, never raised.
+
+    The two kinds of storage trouble are told apart, as the API's answers tell them
+    apart: a database out of reach (`database: failed`, 503 on the API: wait and retry)
+    and a data dir without space (`storage: full`, 507 on the API: free space). On the
+    embedded SQLite database a full data dir is also why its writes fail.
+    """
     problems: list[str] = []
     database = storage = OK
     try:
@@ -57,6 +66,10 @@ def check_readiness(ping_database: Callable[[], None], base_dir: Path) -> Readin
         _storage_writable(base_dir)
     except OSError as error:
         logger.warning("readiness: data dir %s not writable: %s", base_dir, error)
-        storage = FAILED
-        problems.append(f"storage: data dir is not writable ({error.strerror or error})")
+        if is_disk_full(error):
+            storage = FULL
+            problems.append(f"storage: data dir is full ({error.strerror or error})")
+        else:
+            storage = FAILED
+            problems.append(f"storage: data dir is not writable ({error.strerror or error})")
     return Readiness(database, storage, tuple(problems))

@@ -206,8 +206,12 @@ resumable_uploads = Table(
     Column("created_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
     Column("staging_path", Text, nullable=False),
+    # Set in the commit's transaction: the upload is complete and stored under this name
+    # (kept until expiry, so a retried request learns so).
+    Column("committed_name", Text),
     Index("ix_resumable_uploads_expiry", "expires_at"),
     Index("ix_resumable_uploads_staging", "staging_path"),
+    Index("ix_resumable_uploads_user", "user_id"),
 )
 
 
@@ -367,12 +371,29 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
             yield conn
 
 
+# SQLite's SQLITE_FULL ("database or disk is full": the file or its journal cannot grow)
+# and PostgreSQL's SQLSTATE class 53 (insufficient resources: disk_full is 53100).
+_SQLITE_FULL = "database or disk is full"
+_POSTGRES_DISK_FULL = "53100"
+
+
+def is_storage_full(error: BaseException) -> bool:
+    """Whether a database error means "no space left where the database writes": the
+    database answered, and the fix is freeing disk space, not waiting for a restart."""
+    if not isinstance(error, DBAPIError | sqlite3.Error):
+        return False
+    if _SQLITE_FULL in str(error):
+        return True
+    original = getattr(error, "orig", error)
+    return getattr(original, "sqlstate", None) == _POSTGRES_DISK_FULL
+
+
 def is_unavailable(error: BaseException) -> bool:
     """Whether a database error means "cannot reach the server" rather than a bug.
 
     A lost connection, a refused one and a server shutting down are all operational errors
     flagged as disconnects (or timeouts of the connection pool); a constraint violation
-    or bad SQL is not.
+    or bad SQL is not, nor is a full disk (`is_storage_full`).
     """
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -381,6 +402,6 @@ def is_unavailable(error: BaseException) -> bool:
     if isinstance(error, DBAPIError):
         if error.connection_invalidated:
             return True
-        if isinstance(error, OperationalError) and not _is_busy(error):
+        if isinstance(error, OperationalError) and not (_is_busy(error) or is_storage_full(error)):
             return True
     return False

@@ -45,12 +45,17 @@ def staging_path(folder: Path) -> Path:
 
 @dataclass
 class AtomicCommit:
-    """Staging files renamed into place, recorded so a failure can put every replaced file
-    back: the commit of a request's files is all or nothing."""
+    """Files renamed into place, recorded so a failure can put every one of them back: the
+    commit of a request's files (or of a rename) is all or nothing.
 
-    renamed: list[tuple[Path, Path | None]] = field(default_factory=list)
+    `undo` moves each file back to the name it came from (a staging file stays staged, so
+    a resumable upload can be committed again) and puts the replaced file back.
+    """
 
-    def rename(self, staging: Path, dest: Path) -> None:
+    renamed: list[tuple[Path, Path, Path | None]] = field(default_factory=list)
+    set_aside: list[Path] = field(default_factory=list)
+
+    def rename(self, source: Path, dest: Path) -> None:
         backup = None
         if os.path.lexists(dest):
             # A hard link keeps the old bytes reachable without a moment where `dest`
@@ -58,27 +63,35 @@ class AtomicCommit:
             backup = staging_path(dest.parent)
             os.link(dest, backup)
         try:
-            os.replace(staging, dest)
+            os.replace(source, dest)
         except BaseException:
             if backup is not None:
                 backup.unlink(missing_ok=True)
             raise
-        self.renamed.append((dest, backup))
+        self.renamed.append((source, dest, backup))
+
+    def remove(self, path: Path) -> None:
+        """Take `path` out of its name now and delete it once the commit has succeeded
+        (`forget_backups`); `undo` puts it back."""
+        aside = staging_path(path.parent)
+        os.replace(path, aside)
+        self.renamed.append((path, aside, None))
+        self.set_aside.append(aside)
 
     def undo(self) -> None:
-        for dest, backup in reversed(self.renamed):
+        for source, dest, backup in reversed(self.renamed):
             try:
-                if backup is None:
-                    dest.unlink(missing_ok=True)
-                else:
+                os.replace(dest, source)
+                if backup is not None:
                     os.replace(backup, dest)
             except OSError:
                 logger.exception("could not roll back %s", dest)
+        self.renamed.clear()
+        self.set_aside.clear()
 
     def forget_backups(self) -> None:
-        for _, backup in self.renamed:
-            if backup is not None:
-                backup.unlink(missing_ok=True)
+        for path in [backup for _, _, backup in self.renamed if backup] + self.set_aside:
+            path.unlink(missing_ok=True)
 
 
 def is_safe_destination(path: Path) -> bool:

@@ -130,6 +130,8 @@ def _to_stored(row: tuple) -> StoredRecord:
 class RecordsTransaction(Protocol):
     """Writes made while the records are locked; they land together or not at all."""
 
+    connection: Connection  # for other tables' writes that must land with the records
+
     def get(self, filename: str) -> StoredRecord | None: ...
     def all(self) -> list[StoredRecord]: ...
     def put(self, stored: StoredRecord) -> None: ...
@@ -251,7 +253,7 @@ class _Transaction:
     """`RecordsTransaction` on the connection that holds the scope's lock."""
 
     def __init__(self, connection: Connection, scope: str) -> None:
-        self._db = connection
+        self._db = self.connection = connection
         self._scope = scope
 
     def get(self, filename: str) -> StoredRecord | None:

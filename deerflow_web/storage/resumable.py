@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from typing import Protocol
@@ -21,13 +22,19 @@ from sqlalchemy import delete
 from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
+from sqlalchemy import text
 from sqlalchemy import update
+from sqlalchemy.engine import Connection
 
+from deerflow_web.errors import PendingUploadsCap
 from deerflow_web.models import ResumableUpload
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.paths import storage_modes
 
+# The first key of the advisory locks that queue one user's creations (PostgreSQL); the
+# records' locks use the one-key form, a space of their own.
+_PENDING_LOCK_SPACE = 7001
 STAGING_PREFIX = ".upload-tus-"
 STAGING_SUFFIX = ".part"
 
@@ -46,6 +53,7 @@ _COLUMNS = tuple(
         "created_at",
         "expires_at",
         "staging_path",
+        "committed_name",
     )
 )
 
@@ -55,10 +63,19 @@ def staging_name(upload_id: str) -> str:
     return f"{STAGING_PREFIX}{upload_id}{STAGING_SUFFIX}"
 
 
+@dataclass(frozen=True)
+class PendingCaps:
+    """How many unfinished uploads one user may hold, and their declared bytes in all
+    (None: no cap)."""
+
+    count: int | None
+    total_bytes: int | None
+
+
 class ResumableStore(Protocol):
     """Where the state of unfinished resumable uploads lives; shared by every process."""
 
-    def add(self, upload: ResumableUpload) -> None: ...
+    def add(self, upload: ResumableUpload, caps: PendingCaps | None = None) -> None: ...
     def get(self, upload_id: str) -> ResumableUpload | None: ...
     def update(
         self,
@@ -68,7 +85,8 @@ class ResumableStore(Protocol):
         pending_from: int | None,
         expires_at: float | None = None,
     ) -> None: ...
-    def remove(self, upload_id: str) -> None: ...
+    def remove(self, upload_id: str, *, only_pending: bool = False) -> None: ...
+    def mark_committed(self, upload_id: str, name: str, within: Connection) -> None: ...
     def expired(self, now: float) -> list[ResumableUpload]: ...
     def has_staging(self, path: Path) -> bool: ...
 
@@ -87,6 +105,7 @@ def _to_upload(row: tuple) -> ResumableUpload:
         created_at,
         expires_at,
         staging_path,
+        committed_name,
     ) = row
     return ResumableUpload(
         upload_id=upload_id,
@@ -101,6 +120,7 @@ def _to_upload(row: tuple) -> ResumableUpload:
         created_at=created_at,
         expires_at=expires_at,
         staging_path=Path(staging_path),
+        committed_name=committed_name,
     )
 
 
@@ -110,8 +130,17 @@ class DatabaseResumableStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def add(self, upload: ResumableUpload) -> None:
-        """Record a new upload."""
+    def add(self, upload: ResumableUpload, caps: PendingCaps | None = None) -> None:
+        """Record a new upload, unless its user's unfinished ones would go over `caps`.
+
+        The count and the insert are one write transaction, and each user's creations
+        queue on one lock (SQLite: the write lock; PostgreSQL: an advisory lock keyed by
+        the user), so creations racing on several processes or instances cannot all slip
+        under a cap.
+
+        Raises:
+            PendingUploadsCap: Over the count or the declared bytes.
+        """
         values: dict[str, Any] = {
             "upload_id": upload.upload_id,
             "thread_id": upload.thread_id,
@@ -127,7 +156,40 @@ class DatabaseResumableStore:
             "staging_path": str(upload.staging_path),
         }
         with write_transaction(self.engine) as db:
+            if caps is not None:
+                self._check_caps(db, upload, caps)
             db.execute(insert(resumable_uploads).values(values))
+
+    @staticmethod
+    def _check_caps(db: Connection, upload: ResumableUpload, caps: PendingCaps) -> None:
+        user = upload.user_id
+        if db.dialect.name == "postgresql":
+            db.execute(
+                text("SELECT pg_advisory_xact_lock(:space, hashtext(:user))"),
+                {"space": _PENDING_LOCK_SPACE, "user": user or ""},
+            )
+        mine = (
+            resumable_uploads.c.user_id.is_(None)
+            if user is None
+            else resumable_uploads.c.user_id == user
+        )
+        count, total = db.execute(
+            select(func.count(), func.coalesce(func.sum(resumable_uploads.c.length), 0)).where(
+                mine,
+                resumable_uploads.c.committed_name.is_(None),
+                resumable_uploads.c.expires_at > upload.created_at,
+            )
+        ).one()
+        if caps.count is not None and count + 1 > caps.count:
+            raise PendingUploadsCap(
+                "resumable_max_pending", caps.count, f"{count} are open already"
+            )
+        if caps.total_bytes is not None and total + upload.length > caps.total_bytes:
+            raise PendingUploadsCap(
+                "resumable_max_pending_bytes",
+                caps.total_bytes,
+                f"{total + upload.length} bytes declared with this one",
+            )
 
     def get(self, upload_id: str) -> ResumableUpload | None:
         """One upload, or None."""
@@ -156,10 +218,23 @@ class DatabaseResumableStore:
                 .values(values)
             )
 
-    def remove(self, upload_id: str) -> None:
-        """Forget an upload (finished, terminated or expired)."""
+    def remove(self, upload_id: str, *, only_pending: bool = False) -> None:
+        """Forget an upload (refused, terminated or expired); with `only_pending`, only
+        while it is not committed (a commit in another process may just have landed)."""
+        statement = delete(resumable_uploads).where(resumable_uploads.c.upload_id == upload_id)
+        if only_pending:
+            statement = statement.where(resumable_uploads.c.committed_name.is_(None))
         with write_transaction(self.engine) as db:
-            db.execute(delete(resumable_uploads).where(resumable_uploads.c.upload_id == upload_id))
+            db.execute(statement)
+
+    def mark_committed(self, upload_id: str, name: str, within: Connection) -> None:
+        """Record, in the transaction that commits the file (`within`), that the upload is
+        complete and stored as `name`: both hold, or neither."""
+        within.execute(
+            update(resumable_uploads)
+            .where(resumable_uploads.c.upload_id == upload_id)
+            .values(committed_name=name, pending_from=None)
+        )
 
     def expired(self, now: float) -> list[ResumableUpload]:
         """Every upload whose expiry has passed."""

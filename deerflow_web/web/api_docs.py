@@ -64,12 +64,16 @@ def build_document(settings: Settings) -> dict[str, Any]:
 
 
 def _database_outages(document: dict[str, Any]) -> None:
-    """Any operation may meet the database down for a moment: 503 with Retry-After."""
+    """Any operation may meet the database down for a moment (503 with Retry-After) or
+    unable to grow on a full disk (507)."""
     for item in document["paths"].values():
         for method, operation in item.items():
             if method in HTTP_METHODS:
                 operation["responses"].setdefault(
                     "503", {"$ref": "#/components/responses/DatabaseUnavailable"}
+                )
+                operation["responses"].setdefault(
+                    "507", {"$ref": "#/components/responses/StorageFull"}
                 )
 
 

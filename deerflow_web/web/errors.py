@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from flask import Flask
@@ -46,6 +47,7 @@ from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import OffsetMismatch
 from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import PathTraversal
+from deerflow_web.errors import PendingUploadsCap
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import RegistrationDisabled
 from deerflow_web.errors import RequestTimedOut
@@ -67,6 +69,7 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.errors import UserNotFound
 from deerflow_web.errors import WeakPassword
 from deerflow_web.errors import WrongPassword
+from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.database import is_unavailable
 from deerflow_web.web.request_body import BodyTooSlow
 from deerflow_web.web.request_body import timed_out
@@ -106,6 +109,7 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     OffsetMismatch: 409,
     UploadBusy: 409,
     ResumableExpired: 410,
+    PendingUploadsCap: 429,
     TusVersionMissing: 412,
     UnsupportedChunkType: 415,
     ChecksumMismatch: 460,
@@ -135,6 +139,7 @@ NAME_TOO_LONG = "Name too long: a file or folder name is at most 255 bytes"
 NUL_IN_NAME = "Names and paths may not contain a NUL byte"
 DATABASE_UNAVAILABLE = "The database is unavailable; try again shortly"
 DATABASE_RETRY_AFTER_SECONDS = 5
+STORAGE_FULL = "Storage is full: nothing was changed; try again once space has been freed"
 MALFORMED_BODY = "Malformed request body: the chunked transfer encoding is broken"
 
 
@@ -145,38 +150,41 @@ def client_fault(error: BaseException) -> str | None:
     is the client's doing, whichever route, service or wrapping error it reached: the
     whole chain of causes is searched, so no route needs its own check.
     """
-    seen: BaseException | None = error
-    while seen is not None:
+    for seen in causes(error):
         if isinstance(seen, OSError) and seen.errno == errno.ENAMETOOLONG:
             return NAME_TOO_LONG
         if isinstance(seen, ValueError) and "null" in str(seen) and "embedded" in str(seen):
             return NUL_IN_NAME  # os and pathlib: "embedded null byte/character"
         if isinstance(seen, ParseException):
             return MALFORMED_BODY  # gunicorn reading a body: bad chunk size, missing CRLF
-        seen = seen.__cause__ or seen.__context__
     return None
+
+
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """The error, then what caused it, and so on: a fault deep in a library reaches the
+    handlers wrapped in whatever the layers above raised."""
+    seen: BaseException | None = error
+    while seen is not None:
+        yield seen
+        seen = seen.__cause__ or seen.__context__
 
 
 def body_too_slow(error: BaseException) -> BodyTooSlow | None:
     """The worker's cut of a body that came too slowly, anywhere in the chain of causes
     (Werkzeug's form parsing turns it into a 400 "client disconnected")."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, BodyTooSlow):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
+    return next((seen for seen in causes(error) if isinstance(seen, BodyTooSlow)), None)
+
+
+def storage_full(error: BaseException) -> bool:
+    """Whether the database could not write for lack of disk space, anywhere in the chain
+    of causes: 507, like a file that does not fit, not 503 (the database is there)."""
+    return any(is_storage_full(seen) for seen in causes(error))
 
 
 def database_unreachable(error: BaseException) -> bool:
     """Whether the failure is the database being out of reach (a restart, a failover, a
     network cut), anywhere in the chain of causes: the request may simply be retried."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if is_unavailable(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(is_unavailable(seen) for seen in causes(error))
 
 
 def status_for(error: DeerFlowError) -> int:
@@ -231,6 +239,9 @@ def register_error_handlers(app: Flask) -> None:
             return render_error(400, fault)
         if (slow := body_too_slow(error)) is not None:
             return render_error(408, str(timed_out(slow)))
+        if storage_full(error):
+            logger.warning("request failed: storage full: %s", error)
+            return render_error(507, STORAGE_FULL)
         if database_unreachable(error):
             logger.warning("request failed: database unreachable: %s", error)
             return render_error(

@@ -63,11 +63,24 @@ def add_tus_headers(response: Response) -> Response:
     return response
 
 
+# The largest size or offset the database stores (a signed 64-bit column).
+MAX_HEADER_NUMBER = 2**63 - 1
+
+
 def _header_int(name: str) -> int:
+    """A tus header's non-negative decimal number; 400 for anything else.
+
+    Checked by length before it is converted: a number of thousands of digits is refused
+    as too large, never handed to `int` (which refuses over 4,300 digits, and would spend
+    its time on a value no upload can have).
+    """
     raw = request.headers.get(name, "")
     if not raw.isascii() or not raw.isdigit():
         raise InvalidTusRequest(f"{name} must be a non-negative integer")
-    return int(raw)
+    digits = raw.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_HEADER_NUMBER)) or int(digits) > MAX_HEADER_NUMBER:
+        raise InvalidTusRequest(f"{name} is too large: at most {MAX_HEADER_NUMBER}")
+    return int(digits)
 
 
 def _progress_headers(upload: ResumableUpload) -> dict[str, str]:

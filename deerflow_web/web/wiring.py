@@ -52,7 +52,10 @@ class Services:
             self.conversions, settings.agent.read_conversion_wait_seconds
         )
         self.resumable: ResumableUploadService = make_resumable_service(
-            self.intake, expiry_hours=settings.resumable.expiry_hours
+            self.intake,
+            expiry_hours=settings.resumable.expiry_hours,
+            max_pending=settings.resumable.max_pending,
+            max_pending_bytes=settings.resumable.max_pending_bytes,
         )
         self._accounts: AccountService | None = None
         self._owners: ThreadOwners | None = None

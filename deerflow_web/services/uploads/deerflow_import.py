@@ -298,7 +298,7 @@ def _record_uploads(
                 converted_from=original,
                 source_sha256=source_sha,
             )
-            txn.put(StoredRecord(record, facts.mtime_ns, facts.inode))
+            txn.put(StoredRecord(record, facts.mtime_ns, facts.inode, facts.ctime_ns))
             written += 1
     return written, sum(1 for name in hashes if name in companions)
 

@@ -15,6 +15,7 @@ from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.uploads.service import AlsoInCommit
 from deerflow_web.services.uploads.service import Staging
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
@@ -60,6 +61,7 @@ class UploadIntake:
         content_type: str,
         on_conflict: OnConflict,
         user_id: str | None = None,
+        then: AlsoInCommit | None = None,
     ) -> AcceptedUploads:
         """Commit a file staged elsewhere (a finished resumable upload) exactly as a
         multipart part (see `UploadService.commit_staged`), then convert."""
@@ -71,6 +73,7 @@ class UploadIntake:
             content_type=content_type,
             on_conflict=on_conflict,
             user_id=user_id,
+            then=then,
         )
         companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
         return AcceptedUploads(result, companions)

@@ -44,12 +44,15 @@ from deerflow_web.models import OnConflict
 from deerflow_web.models import ResumableUpload
 from deerflow_web.services.uploads.intake import AcceptedUploads
 from deerflow_web.services.uploads.intake import UploadIntake
+from deerflow_web.services.uploads.service import SavedFile
 from deerflow_web.storage.filenames import normalize_filename
 from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.records import RecordsTransaction
 from deerflow_web.storage.resumable import DatabaseResumableStore
+from deerflow_web.storage.resumable import PendingCaps
 from deerflow_web.storage.resumable import ResumableStaging
 from deerflow_web.storage.resumable import ResumableStore
 from deerflow_web.storage.resumable import staging_name
@@ -184,12 +187,14 @@ class ResumableUploadService:
         store: ResumableStore,
         *,
         expiry_seconds: float = 24 * 3600,
+        caps: PendingCaps | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.intake = intake
         self.uploads = intake.uploads
         self.store = store
         self.expiry_seconds = expiry_seconds
+        self.caps = caps
         self._clock = clock
         self._digests = _DigestCache()
 
@@ -210,6 +215,9 @@ class ResumableUploadService:
             UnsafeFilename: A name the upload rules refuse.
             FileTooLarge: `length` is over `uploads.max_file_size`.
             NameConflict: `on_conflict=reject` and the name is taken.
+            PendingUploadsCap: The user's unfinished uploads would go over
+                `uploads.resumable_max_pending` or `uploads.resumable_max_pending_bytes`
+                (counted in the database, across processes); nothing is kept.
         """
         validate_thread_id(thread_id)
         self.sweep_expired()
@@ -246,14 +254,15 @@ class ResumableUploadService:
         # unlocked also finds the row, and keeps the file.
         staging = ResumableStaging.create(upload.staging_path)
         try:
-            self.store.add(upload)
+            self.store.add(upload, self.caps)
             if length == 0:
                 return AppendOutcome(upload, self._complete(upload, staging))
         except BaseException:
             staging.discard()
             self.store.remove(upload_id)
             raise
-        staging.close()
+        finally:
+            staging.close()
         return AppendOutcome(upload)
 
     def status(
@@ -262,15 +271,25 @@ class ResumableUploadService:
         """Where the upload stands (HEAD): the bytes on disk, or, while another request is
         writing, the offset that request started from.
 
+        The full offset is reported only for a committed upload: an upload whose every
+        byte arrived but whose commit failed (the database out of reach, a full disk) is
+        committed now, so a client that retries after the 503 finishes.
+
         Raises:
-            ResumableNotFound, ResumableExpired.
+            ResumableNotFound, ResumableExpired, NameConflict (the pending commit was
+            refused), or the commit's failure again.
         """
         upload = self._find(thread_id, upload_id, user_id)
-        staging = self._acquire(upload)
-        if staging is None:
+        if upload.committed_name is not None:
             return upload
+        staging = self._acquire(upload)
+        if isinstance(staging, ResumableUpload) or staging is None:
+            return staging or upload
         try:
-            return self._recover(upload, staging)
+            upload = self._recover(upload, staging)
+            if upload.offset == upload.length:
+                self._complete(upload, staging)
+            return upload
         finally:
             staging.close()
 
@@ -299,10 +318,15 @@ class ResumableUploadService:
             NameConflict: The finished file was refused by `on_conflict=reject`.
         """
         upload = self._find(thread_id, upload_id, user_id)
-        staging = self._acquire(upload)
+        staging = self._acquire(upload) if upload.committed_name is None else upload
         if staging is None:
             raise UploadBusy()
-        committed = False
+        if isinstance(staging, ResumableUpload):  # committed: a retry of the last PATCH
+            if offset != staging.length:
+                raise OffsetMismatch(staging.length, offset)
+            if content_length:
+                raise PastUploadLength(staging.length)
+            return AppendOutcome(staging)
         try:
             upload = self._recover(upload, staging)
             if offset != upload.offset:
@@ -313,11 +337,9 @@ class ResumableUploadService:
             upload = replace(upload, offset=end)
             if end < upload.length:
                 return AppendOutcome(upload)
-            committed = True
             return AppendOutcome(upload, self._complete(upload, staging))
         finally:
-            if not committed:
-                staging.close()
+            staging.close()
 
     def terminate(self, thread_id: str, upload_id: str, *, user_id: str | None = None) -> None:
         """Drop the upload and its bytes (DELETE); later requests find nothing.
@@ -326,11 +348,12 @@ class ResumableUploadService:
             ResumableNotFound, ResumableExpired, UploadBusy.
         """
         upload = self._find(thread_id, upload_id, user_id)
-        staging = self._acquire(upload)
+        staging = self._acquire(upload) if upload.committed_name is None else upload
         if staging is None:
             raise UploadBusy()
         self.store.remove(upload.upload_id)
-        staging.discard()
+        if isinstance(staging, ResumableStaging):
+            staging.discard()  # a committed upload's file is an upload now: it stays
 
     def sweep_expired(self) -> int:
         """Remove every expired upload that no request is writing to; return the count."""
@@ -368,11 +391,23 @@ class ResumableUploadService:
             raise ResumableExpired()
         return upload
 
-    def _acquire(self, upload: ResumableUpload) -> ResumableStaging | None:
+    def _acquire(self, upload: ResumableUpload) -> ResumableStaging | ResumableUpload | None:
+        """The staging file, locked; None while another request holds it; the upload as
+        stored now when another request committed it meanwhile.
+
+        Raises:
+            ResumableNotFound: The staging file is gone and the upload was not committed.
+        """
         try:
             return ResumableStaging.acquire(upload.staging_path)
         except FileNotFoundError:
-            self.store.remove(upload.upload_id)  # removed behind our back, or a commit died
+            # Removed behind our back, or committed by another request just now: only the
+            # first is forgotten (one conditional DELETE, so a commit landing meanwhile
+            # keeps its row).
+            self.store.remove(upload.upload_id, only_pending=True)
+            current = self.store.get(upload.upload_id)
+            if current is not None and current.committed_name is not None:
+                return current
             raise ResumableNotFound() from None
 
     def _recover(self, upload: ResumableUpload, staging: ResumableStaging) -> ResumableUpload:
@@ -447,15 +482,26 @@ class ResumableUploadService:
         return position
 
     def _complete(self, upload: ResumableUpload, staging: ResumableStaging) -> AcceptedUploads:
-        """Commit the finished file like a multipart part; the upload is gone either way."""
+        """Commit the finished file like a multipart part; the upload is marked committed
+        in the commit's own transaction (kept until expiry, so a retry learns so).
+
+        A refusal (`reject` and the name taken now, a link at the destination) ends the
+        upload and its bytes. A failure (the database out of reach, a full disk) keeps
+        both, the staging file back at its name: the next PATCH or HEAD at the full offset
+        commits it.
+        """
         running = self._digests.take(upload.upload_id, upload.length)
+        if running is not None and upload.length > 0:
+            sha256 = running.sha256.hexdigest()
+            content_type = sniff_content_type(bytes(running.head), upload.filename)
+        else:
+            sha256, content_type = hash_and_sniff(staging.path)
+        staging.make_readable()
+
+        def mark_committed(txn: RecordsTransaction, saved: list[SavedFile]) -> None:
+            self.store.mark_committed(upload.upload_id, saved[0].record.filename, txn.connection)
+
         try:
-            if running is not None and upload.length > 0:
-                sha256 = running.sha256.hexdigest()
-                content_type = sniff_content_type(bytes(running.head), upload.filename)
-            else:
-                sha256, content_type = hash_and_sniff(staging.path)
-            staging.make_readable()
             return self.intake.accept_staged(
                 upload.thread_id,
                 upload.filename,
@@ -464,10 +510,12 @@ class ResumableUploadService:
                 content_type=content_type,
                 on_conflict=OnConflict(upload.on_conflict),
                 user_id=upload.user_id,
+                then=mark_committed,
             )
-        finally:
-            staging.discard()  # a no-op once renamed into place; the lock goes either way
+        except (NameConflict, UnsafeFilename):
+            staging.discard()
             self.store.remove(upload.upload_id)
+            raise
 
 
 def _fill(body: ChunkSource, view: memoryview) -> tuple[int, MalformedUpload | None]:
@@ -486,8 +534,13 @@ def _fill(body: ChunkSource, view: memoryview) -> tuple[int, MalformedUpload | N
 
 
 def make_resumable_service(
-    intake: UploadIntake, *, expiry_hours: float = 24.0
+    intake: UploadIntake,
+    *,
+    expiry_hours: float = 24.0,
+    max_pending: int | None = None,
+    max_pending_bytes: int | None = None,
 ) -> ResumableUploadService:
     """Build the service over the upload service's data dir and database."""
     store = DatabaseResumableStore(intake.uploads.records.engine)
-    return ResumableUploadService(intake, store, expiry_seconds=expiry_hours * 3600)
+    caps = PendingCaps(max_pending, max_pending_bytes)
+    return ResumableUploadService(intake, store, expiry_seconds=expiry_hours * 3600, caps=caps)

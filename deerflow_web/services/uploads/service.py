@@ -119,6 +119,10 @@ class UploadResult:
         return text
 
 
+# Another write that must land in the commit's transaction, given what was stored.
+AlsoInCommit = Callable[[RecordsTransaction, list["SavedFile"]], None]
+
+
 class Staging(Protocol):
     """A staging file the commit renames into place: a multipart part's or a tus upload's."""
 
@@ -130,11 +134,21 @@ class Staging(Protocol):
 
 @dataclass
 class _Staged:
+    """One staged part. `name` is where it is meant to go as the request was read; the
+    commit decides again, under the records lock, from `requested` (see `_commit`)."""
+
     name: str
-    original_filename: str | None
+    requested: str
     staging: Staging
     sha256: str = ""
     content_type: str = ""
+    client: str | None = None  # the multipart part's own filename, as the client wrote it
+
+    @property
+    def original_filename(self) -> str | None:
+        if self.client is not None:  # numbered, or composed to NFC: the client's own form
+            return reported_original(self.client, self.name)
+        return self.requested if self.name != self.requested else None
 
 
 class _UploadBatch:
@@ -177,7 +191,7 @@ class _UploadBatch:
             return
         self._ensure_folder()
         staging = StagingFile(self.folder)
-        item = _Staged(claimed, reported_original(incoming.filename, claimed), staging)
+        item = _Staged(claimed, name, staging, client=incoming.filename)
         self.staged.append(item)
         self._stream(incoming, item, staging)
 
@@ -190,13 +204,16 @@ class _UploadBatch:
         claimed = self.claim(name)
         if claimed is None:
             return False
-        original = name if claimed != name else None
-        self.staged.append(_Staged(claimed, original, staging, sha256, content_type))
+        self.staged.append(_Staged(claimed, name, staging, sha256, content_type))
         return True
 
     def claim(self, name: str) -> str | None:
-        """The name a normalized file is stored under, by the `on_conflict` rule; None when
+        """The name a normalized file is meant for, by the `on_conflict` rule; None when
         its destination cannot be replaced (a link, a folder: SPEC 2.1.3).
+
+        Decided before the body streams, so a conflict is refused without reading it; the
+        commit decides again under the records lock, where the answer holds
+        (`UploadService._commit`).
 
         Raises:
             NameConflict: `reject` and the name is taken.
@@ -349,12 +366,15 @@ class UploadService:
         content_type: str,
         on_conflict: OnConflict = OnConflict.REPLACE,
         user_id: str | None = None,
+        then: AlsoInCommit | None = None,
     ) -> UploadResult:
         """Commit one file staged elsewhere (a finished resumable upload) exactly as a
         multipart part is committed: the same naming, conflict, record and duplicate rules.
 
-        The staging file must sit in the thread's uploads folder. It is gone afterwards:
-        renamed into place, or removed when the commit is refused.
+        The staging file must sit in the thread's uploads folder. Renamed into place on
+        success; otherwise left where it is, for the caller to discard (a refusal) or to
+        commit again later (a failure: a database outage, a full disk). `then` writes in
+        the commit's own transaction.
 
         Raises:
             NameConflict: `reject` and the name exists now.
@@ -363,18 +383,31 @@ class UploadService:
         validate_thread_id(thread_id)
         folder = self.uploads_dir(thread_id, user_id)
         batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict), self.paths.make_dirs)
-        try:
-            if not batch.adopt(name, staging, sha256, content_type):
-                raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
-            saved = self._commit(self.paths.scope(thread_id, user_id), batch)
-            if not saved:
-                raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
-        except BaseException:
-            staging.discard()
-            raise
+        if not batch.adopt(name, staging, sha256, content_type):
+            raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
+        saved = self._commit(self.paths.scope(thread_id, user_id), batch, then)
+        if not saved:
+            raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         return UploadResult(saved, [])
 
-    def _commit(self, scope: str, batch: _UploadBatch) -> list[SavedFile]:
+    def _commit(
+        self,
+        scope: str,
+        batch: _UploadBatch,
+        then: AlsoInCommit | None = None,
+    ) -> list[SavedFile]:
+        """Rename the batch's staging files into place and write their records, as one step.
+
+        The `on_conflict` rule is applied again here, under the records lock (one writer of
+        the thread at a time, across processes and instances), against the folder and the
+        records as they are now: a name another request committed while this one streamed
+        is taken, so `rename` numbers past it, `reject` refuses, and `replace` replaces it
+        with this request's bytes and a record of those bytes (`_commit_name`). `then`
+        writes in the same transaction, once something was stored. A failure anywhere,
+        the transaction's own commit included, moves every file back to its staging name
+        and every replaced or removed file back into place, so disk and records stay as
+        they were.
+        """
         commit = AtomicCommit()
         saved: list[SavedFile] = []
         current = ""
@@ -384,8 +417,9 @@ class UploadService:
                 # rename goes through it.
                 self.paths.checked(batch.folder)
                 seen = {s.record.sha256: s.record.filename for s in txn.all()}
+                committed: set[str] = set()
                 for item in batch.staged:
-                    current = item.name
+                    item.name = current = _commit_name(txn, batch, item, committed)
                     dest = batch.folder / item.name
                     if not is_safe_destination(dest):  # became a link while we streamed
                         item.staging.discard()
@@ -393,19 +427,25 @@ class UploadService:
                         continue
                     previous = txn.get(item.name)
                     commit.rename(item.staging.path, dest)
-                    item.staging.close()
+                    committed.add(item.name)
                     if previous is not None and previous.record.sha256 != item.sha256:
-                        self._drop_companions(txn, batch.folder, item.name)
+                        self._drop_companions(txn, batch.folder, item.name, commit)
                     record = self._put(txn, dest, item)
                     saved.append(SavedFile(record, seen.get(item.sha256)))
                     seen.setdefault(item.sha256, item.name)
+                if then is not None and saved:
+                    then(txn, saved)
         except OSError as error:
             commit.undo()
+            if is_disk_full(error):
+                raise InsufficientStorage(current) from error
             raise StorageFailure(f"Failed to upload {current}: {error}") from error
         except BaseException:
             commit.undo()
             raise
         commit.forget_backups()
+        for item in batch.staged:
+            item.staging.close()  # held (locked) until the records said so too
         return saved
 
     def _put(self, txn: RecordsTransaction, dest: Path, item: _Staged) -> UploadRecord:
@@ -524,6 +564,9 @@ class UploadService:
         folder = self.uploads_dir(thread_id, user_id)
         self._require_regular_file(folder / filename, filename)
         self.list_uploads(thread_id, user_id)  # fresh records: the cascade relies on them
+        # The bytes go first: on a full disk, deleting is how space is freed, and the
+        # records' write then has room (a record left behind is dropped by the next
+        # listing's reconciliation).
         with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
             try:
                 (folder / filename).unlink()
@@ -534,8 +577,15 @@ class UploadService:
             txn.delete(filename)
             return [filename, *self._drop_companions(txn, folder, filename)]
 
-    def _drop_companions(self, txn: RecordsTransaction, folder: Path, original: str) -> list[str]:
-        """Delete the `.md` files converted from `original`; return their names."""
+    def _drop_companions(
+        self,
+        txn: RecordsTransaction,
+        folder: Path,
+        original: str,
+        commit: AtomicCommit | None = None,
+    ) -> list[str]:
+        """Delete the `.md` files converted from `original`; return their names. With
+        `commit`, each is only set aside until the commit holds (`AtomicCommit.remove`)."""
         dropped = []
         for stored in txn.all():
             record = stored.record
@@ -543,7 +593,10 @@ class UploadService:
                 continue
             path = folder / record.filename
             if is_safe_destination(path) and path.exists():
-                path.unlink()
+                if commit is None:
+                    path.unlink()
+                else:
+                    commit.remove(path)
             txn.delete(record.filename)
             dropped.append(record.filename)
         return dropped
@@ -572,32 +625,55 @@ class UploadService:
         self.list_uploads(thread_id, user_id)
         if target == filename:
             return self.get_upload(thread_id, filename, user_id)
-        with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
-            stored = txn.get(filename)
-            if stored is None:  # not listed, e.g. a hard link to a file outside the thread
-                raise UploadNotFound(filename)
-            target = self._rename_target(folder, target, OnConflict(on_conflict))
-            if txn.get(target) is not None:
-                self._drop_companions(txn, folder, target)
-                txn.delete(target)
-            os.replace(folder / filename, folder / target)
-            txn.delete(filename)
-            info = (folder / target).lstat()
-            record = replace(stored.record, filename=target, original_filename=None)
-            txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns))
-            for other in txn.all():
-                if other.record.converted_from == filename:
-                    txn.put(replace(other, record=replace(other.record, converted_from=target)))
-            return record
+        # The records step can fail after the disk step (the database out of reach, a
+        # journal that cannot grow on a full disk): `commit` then moves the file back and
+        # whatever it replaced back into place, so disk and records stay as they were.
+        commit = AtomicCommit()
+        try:
+            with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+                stored = txn.get(filename)
+                if stored is None:  # not listed, e.g. a hard link to a file outside the thread
+                    raise UploadNotFound(filename)
+                target = self._rename_target(txn, folder, target, OnConflict(on_conflict))
+                if txn.get(target) is not None:
+                    self._drop_companions(txn, folder, target, commit)
+                    txn.delete(target)
+                commit.rename(folder / filename, folder / target)
+                txn.delete(filename)
+                info = (folder / target).lstat()
+                record = replace(stored.record, filename=target, original_filename=None)
+                txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns))
+                for other in txn.all():
+                    if other.record.converted_from == filename:
+                        companion = replace(other.record, converted_from=target)
+                        txn.put(replace(other, record=companion))
+        except OSError as error:
+            commit.undo()
+            if is_disk_full(error):
+                raise InsufficientStorage(target) from error
+            raise StorageFailure(f"Failed to rename {filename}: {error}") from error
+        except BaseException:
+            commit.undo()
+            raise
+        commit.forget_backups()
+        return record
 
     @staticmethod
-    def _rename_target(folder: Path, target: str, on_conflict: OnConflict) -> str:
-        if not os.path.lexists(folder / target):
+    def _rename_target(
+        txn: RecordsTransaction, folder: Path, target: str, on_conflict: OnConflict
+    ) -> str:
+        """The name a rename lands on, decided under the records lock against the folder
+        and the records (an upload committed meanwhile holds its name)."""
+
+        def taken(name: str) -> bool:
+            return os.path.lexists(folder / name) or txn.get(name) is not None
+
+        if not taken(target):
             return target
         if on_conflict is OnConflict.REJECT:
             raise NameConflict(target)
         if on_conflict is OnConflict.RENAME:
-            return first_free_name(target, lambda n: os.path.lexists(folder / n))
+            return first_free_name(target, taken)
         if not is_safe_destination(folder / target):
             raise UnsafeFilename(f"{target} is a link or a folder and cannot be replaced")
         return target
@@ -610,6 +686,31 @@ class UploadService:
             raise UploadNotFound(filename) from error
         if not stat.S_ISREG(info.st_mode):
             raise UploadNotFound(filename)
+
+
+def _commit_name(
+    txn: RecordsTransaction, batch: _UploadBatch, item: _Staged, committed: set[str]
+) -> str:
+    """Where a staged part goes by its `on_conflict` rule, decided under the records lock.
+
+    A name is taken when the folder or the records hold it, or this commit already used
+    it. `rename` takes the first free name from the one the client asked for; `reject`
+    refuses a taken name; `replace` keeps its name.
+
+    Raises:
+        NameConflict: `reject` and the name is taken now.
+    """
+
+    def taken(name: str) -> bool:
+        return (
+            name in committed or os.path.lexists(batch.folder / name) or txn.get(name) is not None
+        )
+
+    if batch.on_conflict is OnConflict.RENAME:
+        return first_free_name(item.requested, taken)
+    if batch.on_conflict is OnConflict.REJECT and taken(item.name):
+        raise NameConflict(item.name)
+    return item.name
 
 
 def _hash_changed(
