@@ -1,4 +1,4 @@
-"""Who is asking, and may they (SPEC 7.1, 7.3, 7.4): sessions, Bearer tokens, CSRF, owners.
+"""Who is asking, and may they (SPEC 7.1, 7.3): sessions, Bearer tokens, CSRF.
 
 Everything here is enforced by app-level hooks rather than per view, so a route added
 later, in any blueprint, is covered without doing anything:
@@ -7,10 +7,10 @@ later, in any blueprint, is covered without doing anything:
   an API token; `/api` answers 401 `not_authenticated`, pages redirect to `/login`
   (or to `/setup` while no admin exists);
 - a state-changing API request authenticated by the session cookie must echo the
-  `csrf_token` cookie in `X-CSRF-Token` (DeerFlow's double submit);
-- every route with a `thread_id` in its URL is checked against the thread's owner: a
-  read of another user's thread and a write to it both answer 404, and a write to an
-  unowned id claims it for the caller before the view runs.
+  `csrf_token` cookie in `X-CSRF-Token` (DeerFlow's double submit).
+
+Which thread a `thread_id` names is decided after this gate, in both modes, by
+`web/thread_access.py`: ids are per user, so nobody's request reaches another's thread.
 
 With accounts off (`DEER_FLOW_AUTH_DISABLED=1`) none of this is installed and the app
 behaves as the single-user first release did.
@@ -42,7 +42,6 @@ from werkzeug.exceptions import Forbidden
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.services.accounts.service import SESSION_SECONDS
 from deerflow_web.services.accounts.service import Account
-from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.security import SAFE_METHODS
 
 CSRF_COOKIE = "csrf_token"
@@ -155,10 +154,6 @@ def _accounts():  # noqa: ANN202 - the service type lives in wiring
     return current_app.extensions["deerflow_web"].accounts
 
 
-def _owners():  # noqa: ANN202
-    return current_app.extensions["deerflow_web"].owners
-
-
 def start_session(account: Account, remember: bool) -> tuple[str, str]:
     """Open a server-side session, put it in the cookie; returns (secret, csrf value)."""
     from flask_login import login_user
@@ -239,20 +234,6 @@ def _check_csrf() -> None:
         )
 
 
-def _check_thread_owner() -> None:
-    """404 for another user's thread; a write to an unowned id claims it first (SPEC 7.4)."""
-    args = request.view_args or {}
-    if "thread_id" not in args:
-        return
-    thread_id = validate_thread_id(args["thread_id"])
-    user = signed_in()
-    assert user is not None
-    if request.method in SAFE_METHODS:
-        _owners().check(thread_id, user.id)
-    else:
-        _owners().claim(thread_id, user.id)
-
-
 def authenticate_request() -> ResponseReturnValue | None:
     """The app-wide gate (see the module docstring)."""
     if request.endpoint is None or request.path in PUBLIC_PATHS:
@@ -271,7 +252,6 @@ def authenticate_request() -> ResponseReturnValue | None:
             if request.path.startswith("/api/"):
                 raise Forbidden("Password change required: POST /api/v1/auth/change-password")
             return redirect(url_for("account_pages.account"))
-    _check_thread_owner()
     return None
 
 

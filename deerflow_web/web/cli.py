@@ -14,9 +14,9 @@ from flask import Flask
 from flask.cli import AppGroup
 
 from deerflow_web.errors import DeerFlowError
-from deerflow_web.services.accounts.adopt import adopt_flat_threads
 from deerflow_web.services.accounts.service import ADMIN
 from deerflow_web.services.accounts.service import USER
+from deerflow_web.services.threads.adopt import adopt_flat_threads
 from deerflow_web.storage.migrate import current_revision
 from deerflow_web.storage.migrate import upgrade_database
 from deerflow_web.web.wiring import get_services
@@ -76,9 +76,7 @@ def adopt_threads(email: str) -> None:
     account = services.accounts.find_by_email(email)
     if account is None:
         raise click.ClickException(f"No account with email {email}")
-    report = adopt_flat_threads(
-        services.uploads.paths, services.uploads.records, services.owners, account.id
-    )
+    report = adopt_flat_threads(services.threads, services.uploads.records, account.id)
     for thread_id in report.moved:
         click.echo(f"adopted {thread_id}")
     for thread_id, reason in report.skipped:
