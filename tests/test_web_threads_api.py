@@ -132,8 +132,8 @@ def test_create_search_get_patch_delete_as_deerflows_client_sends_them(
     [
         ("/api/threads", [], ["body"]),
         ("/api/threads", {"metadata": "x"}, ["body", "metadata"]),
-        ("/api/threads", {"thread_id": "../up"}, ["path", "thread_id"]),
-        ("/api/threads", {"thread_id": 7}, ["path", "thread_id"]),
+        ("/api/threads", {"thread_id": "../up"}, ["body", "thread_id"]),
+        ("/api/threads", {"thread_id": 7}, ["body", "thread_id"]),
         ("/api/threads", {"values": {"title": 5}}, ["body", "values", "title"]),
         ("/api/threads", {"values": {"title": "x" * 257}}, ["body", "values", "title"]),
         ("/api/threads/search", {"limit": 0}, ["body", "limit"]),

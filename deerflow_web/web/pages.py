@@ -327,7 +327,12 @@ def browse_area(thread_id: str, area: str, folder: str) -> ResponseReturnValue:
         get_upload_service().paths, thread_id, Area(area), folder, current_user_id()
     )
     return render_template(
-        "pages/browse.html", thread_id=thread_id, area=Area(area), listing=listing
+        "pages/browse.html",
+        thread_id=thread_id,
+        thread=get_services().threads.find(current_user_id(), thread_id),
+        title_form=ThreadTitleForm(formdata=None),
+        area=Area(area),
+        listing=listing,
     )
 
 

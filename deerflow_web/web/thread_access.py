@@ -24,6 +24,7 @@ from flask import request
 
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 
@@ -43,6 +44,11 @@ def check_thread_access() -> None:
     args = request.view_args or {}
     if "thread_id" not in args or request.endpoint is None:
         return
+    if request.path.startswith("/api/"):
+        # The API's origin check comes first, as it would in the API's own hook: a
+        # cross-site request is refused before anything about its thread is looked up.
+        settings = get_services().settings
+        refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
     thread_id = validate_thread_id(args["thread_id"])
     if request.method == "OPTIONS" and request.url_rule is not None:
         if request.url_rule.provide_automatic_options:

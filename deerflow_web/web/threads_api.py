@@ -22,6 +22,7 @@ from flask import request
 from flask.typing import ResponseReturnValue
 
 from deerflow_web.errors import InvalidInput
+from deerflow_web.errors import InvalidThreadId
 from deerflow_web.services.threads.catalog import SEARCH_MAX_LIMIT
 from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.services.threads.catalog import ThreadRecord
@@ -89,6 +90,8 @@ def _title(body: Mapping[str, Any]) -> tuple[bool, str | None]:
 
 def _bounded_int(body: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
     value = body.get(name, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 5.0 is an integer to JSON Schema, and to DeerFlow's pydantic
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput("Input should be a valid integer", ("body", name), value)
     if value < low:
@@ -105,7 +108,10 @@ def create_thread() -> ResponseReturnValue:
     body = _body()
     thread_id = body.get("thread_id")
     if thread_id is not None:
-        validate_thread_id(thread_id)  # 422 with DeerFlow's message
+        try:
+            validate_thread_id(thread_id)
+        except InvalidThreadId as error:  # DeerFlow's message, located in the body
+            raise InvalidInput(str(error), ("body", "thread_id"), thread_id) from None
     metadata = clean_metadata(body.get("metadata"), ("body", "metadata"))
     _sets_title, title = _title(body)
     record, _created = _catalog().create(
@@ -120,8 +126,10 @@ def search_threads() -> ResponseReturnValue:
     body = _body()
     wanted = clean_filter(body.get("metadata"), ("body", "metadata"))
     limit = _bounded_int(body, "limit", 100, 1, SEARCH_MAX_LIMIT)
-    offset = _bounded_int(body, "offset", 0, 0, 2**31)
+    offset = _bounded_int(body, "offset", 0, 0, 2**63 - 1)
     status = body.get("status")
+    if status is not None and not isinstance(status, str):
+        raise InvalidInput("Input should be a valid string", ("body", "status"), status)
     if status is not None and status != "idle":
         return []  # every thread here is idle
     records = _catalog().search(current_user_id(), metadata=wanted, limit=limit, offset=offset)

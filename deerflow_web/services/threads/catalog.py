@@ -112,12 +112,11 @@ def clean_title(value: object, location: tuple[str, ...]) -> str | None:
         return None
     if not isinstance(value, str):
         raise InvalidInput("Input should be a valid string", location, value)
-    title = " ".join(value.split())  # one line: line breaks and tabs become spaces
-    if len(title) > TITLE_MAX_CHARS:
+    if len(value) > TITLE_MAX_CHARS:
         raise InvalidInput(
             f"String should have at most {TITLE_MAX_CHARS} characters", location, value
         )
-    return title or None
+    return " ".join(value.split()) or None  # one line: line breaks and tabs become spaces
 
 
 def clean_filter(value: object, location: tuple[str, ...]) -> dict[str, Any]:
@@ -182,7 +181,8 @@ class ThreadCatalog:
     def exists(self, user_id: str | None, thread_id: str) -> bool:
         """Whether the user has this thread (a row, or a folder in their layout)."""
         validate_thread_id(thread_id)
-        return self._row(user_id, thread_id) is not None or self._has_folder(user_id, thread_id)
+        # The folder first: most threads have one, and a few stat calls cost less than a query.
+        return self._has_folder(user_id, thread_id) or self._row(user_id, thread_id) is not None
 
     def find(self, user_id: str | None, thread_id: str) -> ThreadRecord | None:
         """The user's thread, or None; a folder without a row is adopted first."""
