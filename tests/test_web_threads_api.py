@@ -8,6 +8,7 @@ with `X-CSRF-Token` (the test client sends it) and a same-site `Origin`.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC
 from datetime import datetime
@@ -42,8 +43,20 @@ ANSWER_KEYS = {
 }
 
 
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+DEEP = nested(300)  # deeper than the answers' encoder goes
+
+
 def post(client: FlaskClient, url: str, body: Any = None) -> Any:
-    return client.post(url, json=body, headers=ORIGIN)
+    """A JSON post encoded by the standard library, which writes what orjson cannot."""
+    data = b"" if body is None else json.dumps(body).encode()
+    return client.post(url, data=data, content_type="application/json", headers=ORIGIN)
 
 
 def when(stamp: str) -> datetime:
@@ -136,6 +149,8 @@ def test_create_search_get_patch_delete_as_deerflows_client_sends_them(
         ("/api/threads", {"thread_id": 7}, ["body", "thread_id"]),
         ("/api/threads", {"values": {"title": 5}}, ["body", "values", "title"]),
         ("/api/threads", {"values": {"title": "x" * 257}}, ["body", "values", "title"]),
+        ("/api/threads", {"metadata": {"n": 2**70}}, ["body", "metadata"]),  # found by fuzzing
+        ("/api/threads", {"metadata": DEEP}, ["body", "metadata"]),
         ("/api/threads/search", {"limit": 0}, ["body", "limit"]),
         ("/api/threads/search", {"limit": 1001}, ["body", "limit"]),
         ("/api/threads/search", {"limit": "5"}, ["body", "limit"]),

@@ -10,8 +10,9 @@ anything: a route acts on an existing thread and answers 404 `Thread {id} not fo
 when the caller has none of that id, before the view runs, so a failed request creates
 nothing. The few views that also serve a thread not made yet are marked where they are
 defined (`thread_may_be_new`): those that create one on success (uploads, a resumable
-upload's creation) and those that show an empty thread (the uploads list, the limits, the
-file manager's pages).
+upload's creation, a first chat preview turn) and those that show an empty thread (the
+uploads list, the limits, the file manager's and the chat preview's pages, the tools
+panel, which only reads).
 """
 
 from __future__ import annotations

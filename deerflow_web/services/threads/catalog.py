@@ -11,7 +11,6 @@ layout's threads have the user id "" (`NO_ACCOUNT`).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import Engine
 from sqlalchemy import delete
 from sqlalchemy import insert
@@ -74,7 +74,7 @@ def _record(row: Any) -> ThreadRecord:
     return ThreadRecord(
         thread_id=row.thread_id,
         title=row.title,
-        metadata=json.loads(row.metadata),
+        metadata=orjson.loads(row.metadata),
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
@@ -98,12 +98,26 @@ def folder_time(paths: Any, thread_id: str, user_id: str | None) -> float:
 
 
 def clean_metadata(value: object, location: tuple[str, ...]) -> dict[str, Any]:
-    """A client's metadata object without the server's keys; 422 for anything else."""
+    """A client's metadata object without the server's keys; 422 for anything else.
+
+    It must also be JSON the answers can carry back: integers within 64 bits and nesting
+    within the encoder's depth (DeerFlow's JSON columns refuse more too).
+    """
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise InvalidInput("Input should be a valid dictionary", location, value)
-    return {str(k): v for k, v in value.items() if k not in RESERVED_METADATA_KEYS}
+    cleaned = {str(k): v for k, v in value.items() if k not in RESERVED_METADATA_KEYS}
+    try:
+        _encode(cleaned)
+    except TypeError as error:
+        raise InvalidInput(f"Value error, metadata cannot be stored: {error}", location) from None
+    return cleaned
+
+
+def _encode(metadata: Mapping[str, Any]) -> str:
+    """The stored form of a metadata object (orjson, as the answers are encoded)."""
+    return orjson.dumps(metadata).decode()
 
 
 def clean_title(value: object, location: tuple[str, ...]) -> str | None:
@@ -256,7 +270,7 @@ class ThreadCatalog:
                         user_id=_key(user_id),
                         thread_id=record.thread_id,
                         title=record.title,
-                        metadata=json.dumps(dict(record.metadata), ensure_ascii=False),
+                        metadata=_encode(record.metadata),
                         created_at=record.created_at,
                         updated_at=record.updated_at,
                     )
@@ -307,7 +321,7 @@ class ThreadCatalog:
         current = self.get(user_id, thread_id)
         merged = {**current.metadata, **(metadata or {})}
         values: dict[str, Any] = {
-            "metadata": json.dumps(merged, ensure_ascii=False),
+            "metadata": _encode(merged),
             "updated_at": max(self._clock(), current.updated_at),
         }
         if set_title:
