@@ -46,6 +46,7 @@ from deerflow_web.storage.paths import validate_thread_id
 
 NO_ACCOUNT = ""  # the user id of the single-user layout's threads
 TITLE_MAX_CHARS = 256
+NUMBER_MIN, NUMBER_MAX = -(2**63), 2**63 - 1  # what a metadata number may be
 SEARCH_MAX_LIMIT = 1000
 # Keys the server owns: a client cannot set them (DeerFlow strips the same two).
 RESERVED_METADATA_KEYS = frozenset({"owner_id", "user_id"})
@@ -109,10 +110,25 @@ def clean_metadata(value: object, location: tuple[str, ...]) -> dict[str, Any]:
         raise InvalidInput("Input should be a valid dictionary", location, value)
     cleaned = {str(k): v for k, v in value.items() if k not in RESERVED_METADATA_KEYS}
     try:
+        _check_numbers(cleaned)
         _encode(cleaned)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise InvalidInput(f"Value error, metadata cannot be stored: {error}", location) from None
     return cleaned
+
+
+def _check_numbers(value: object) -> None:
+    """Numbers within the signed 64-bit range, as openapi.yaml states (ValueError if not)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            if not NUMBER_MIN <= item <= NUMBER_MAX:
+                raise ValueError(f"{item} is outside the signed 64-bit range")
 
 
 def _encode(metadata: Mapping[str, Any]) -> str:
