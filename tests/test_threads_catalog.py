@@ -104,3 +104,14 @@ def test_a_create_that_cannot_make_its_folders_leaves_no_row(
     with pytest.raises(UnsafeFolder):
         catalog.create("u1", "t")
     assert rows(catalog) == [] and list(outside.iterdir()) == []
+
+
+def test_many_folders_are_adopted_by_one_listing(catalog: ThreadCatalog) -> None:
+    """The first listing after an upgrade finds every old folder (one transaction)."""
+    for n in range(300):
+        catalog.paths.make_dirs(catalog.paths.thread_dir(f"old-{n:03d}", "u1"))
+    catalog.create("u1", "new-one", title="New")
+    listed = catalog.all("u1")
+    assert len(listed) == 301 and listed[0].thread_id == "new-one"  # newest first
+    assert len(rows(catalog)) == 301
+    assert catalog.search("u1", query="OLD-29", limit=None)[-1].thread_id == "old-290"

@@ -31,6 +31,8 @@ from sqlalchemy import delete
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy import update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from deerflow_web.errors import InvalidInput
@@ -234,15 +236,19 @@ class ThreadCatalog:
             raise ThreadNotFound(thread_id)
         return record
 
-    def all(self, user_id: str | None) -> list[ThreadRecord]:
-        """Every thread of the user (folders adopted), most recently updated first."""
+    def _rows(self, user_id: str | None) -> list[ThreadRecord]:
         with self.engine.connect() as db:
             rows = db.execute(select(threads).where(threads.c.user_id == _key(user_id))).all()
-        known = {row.thread_id for row in rows}
+        return [_record(row) for row in rows]
+
+    def all(self, user_id: str | None) -> list[ThreadRecord]:
+        """Every thread of the user (folders adopted), most recently updated first."""
+        records = self._rows(user_id)
+        known = {record.thread_id for record in records}
         missing = [t for t in self.paths.iter_thread_ids(user_id) if t not in known]
-        records = [_record(row) for row in rows]
         if missing:
-            records.extend(self._adopt_folders(user_id, missing))
+            self._adopt_folders(user_id, missing)
+            records = self._rows(user_id)
         records.sort(key=lambda r: r.thread_id, reverse=True)
         records.sort(key=lambda r: r.updated_at, reverse=True)
         return records
@@ -264,18 +270,28 @@ class ThreadCatalog:
 
     # --- writing --------------------------------------------------------------------
 
-    def _adopt_folders(self, user_id: str | None, thread_ids: Iterable[str]) -> list[ThreadRecord]:
-        """Rows for folders made without one, dated by the folder; a row made meanwhile
-        by someone else's request wins."""
-        adopted = []
+    def _adopt_folders(self, user_id: str | None, thread_ids: Iterable[str]) -> None:
+        """Rows for folders made without one, dated by the folder, in one transaction (the
+        first listing after an upgrade may find many); a row made meanwhile by another
+        request is kept as it is."""
+        values = []
         for thread_id in thread_ids:
             stamp = folder_time(self.paths, thread_id, user_id) or self._clock()
-            record = ThreadRecord(thread_id, None, {}, stamp, stamp)
-            if self._insert(user_id, record):
-                adopted.append(record)
-            elif (existing := self._row(user_id, thread_id)) is not None:
-                adopted.append(existing)
-        return adopted
+            values.append(
+                {
+                    "user_id": _key(user_id),
+                    "thread_id": thread_id,
+                    "title": None,
+                    "metadata": "{}",
+                    "created_at": stamp,
+                    "updated_at": stamp,
+                }
+            )
+        if not values:
+            return
+        dialect_insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
+        with write_transaction(self.engine) as db:
+            db.execute(dialect_insert(threads).values(values).on_conflict_do_nothing())
 
     def _insert(self, user_id: str | None, record: ThreadRecord) -> bool:
         """Insert a row; False when the user already has the thread (same key)."""
