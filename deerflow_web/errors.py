@@ -261,7 +261,7 @@ class StorageFailure(DeerFlowError):
 
 
 class ThreadNotFound(DeerFlowError):
-    """The thread belongs to another user: answered like a thread that does not exist."""
+    """The caller has no thread of that id (ids are per user: another's is not theirs)."""
 
     def __init__(self, thread_id: str) -> None:
         super().__init__(f"Thread {thread_id} not found")

@@ -57,10 +57,12 @@ def test_adopt_threads_moves_flat_threads_with_their_records(app: Flask, base_di
     services = app.extensions[EXTENSION_KEY]
     services.uploads.save_uploads("old", [IncomingFile("notes.txt", BytesIO(b"kept"))])
     services.uploads.save_uploads("taken", [IncomingFile("x.txt", BytesIO(b"x"))])
+    services.threads.update(None, "old", title="Old notes", set_title=True)
     other = services.accounts.create_user("other@example.com", "other password")
-    services.owners.claim("taken", other.id)
+    services.threads.create(other.id, "old")  # another user's "old": no obstacle, ids are per user
     run(app, "create", "me@example.com", password="my password\n")
     me = services.accounts.find_by_email("me@example.com")
+    services.threads.create(me.id, "taken")  # one of mine already has that id: kept apart
     result = run(app, "adopt-threads", "me@example.com")
     assert result.exit_code == 0, result.output
     assert "adopted old" in result.output and "skipped taken" in result.output
@@ -68,7 +70,9 @@ def test_adopt_threads_moves_flat_threads_with_their_records(app: Flask, base_di
     assert (base_dir / "threads" / "taken").exists()
     [record] = services.uploads.list_uploads("old", me.id)
     assert record.filename == "notes.txt" and record.source.value == "upload"  # moved, not re-found
-    assert services.owners.owner("old") == me.id
+    assert services.threads.get(me.id, "old").title == "Old notes"
+    assert services.threads.find(None, "old") is None
+    assert services.threads.get(other.id, "old").title is None
     client = app.test_client(user_id=me.id)
     listing = client.get("/api/threads/old/uploads/list").get_json()
     assert [f["filename"] for f in listing["files"]] == ["notes.txt"]

@@ -89,8 +89,11 @@ def test_single_user_mode_is_the_first_release(make_app, base_dir: Path) -> None
     assert not (base_dir / "users").exists()
     with app.extensions["deerflow_web"].engine.connect() as db:
         assert db.execute(text("SELECT COUNT(*) FROM users")).scalar_one() == 0
-        assert db.execute(text("SELECT COUNT(*) FROM thread_owners")).scalar_one() == 0
     assert client.get("/").status_code == 200
+    with app.extensions["deerflow_web"].engine.connect() as db:
+        # listed, the thread is a record of the single-user layout (user id ""), no account's
+        rows = db.execute(text("SELECT user_id, thread_id FROM threads")).all()
+        assert [tuple(row) for row in rows] == [("", "t1")]
     assert "Sign out" not in client.get("/").get_data(as_text=True)
     for path in ("/api/v1/auth/login/local", "/api/v1/auth/tokens", "/login", "/setup", "/account"):
         assert client.get(path).status_code == 404, path

@@ -1,4 +1,4 @@
-"""Account rules without Flask (SPEC 7.2, 7.3, 7.5): passwords, lockouts, tokens, owners."""
+"""Account rules without Flask (SPEC 7.2, 7.3, 7.5): passwords, lockouts, tokens."""
 
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ from deerflow_web.errors import InvalidCredentials
 from deerflow_web.errors import InvalidEmail
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import LockedOut
-from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import TokenExpired
 from deerflow_web.errors import TokenInvalid
 from deerflow_web.errors import TokenNotFound
 from deerflow_web.errors import WeakPassword
 from deerflow_web.errors import WrongPassword
-from deerflow_web.services.accounts.owners import ThreadOwners
 from deerflow_web.services.accounts.passwords import Passwords
 from deerflow_web.services.accounts.passwords import check_password_rules
 from deerflow_web.services.accounts.passwords import normalize_email
@@ -464,43 +462,3 @@ def test_expired_token_row_survives_for_the_list(accounts, alice, engine) -> Non
     with pytest.raises(TokenExpired):
         accounts.token_user(created.secret)
     assert [t.name for t in accounts.list_tokens(alice.id)] == ["x"]
-
-
-# --- thread owners ------------------------------------------------------------------------
-
-
-def test_first_writer_claims_a_thread(engine, accounts, alice) -> None:
-    bob = accounts.create_user("bob@example.com", "bob password")
-    owners = ThreadOwners(engine)
-    owners.check("t1", bob.id)  # unowned: readable by anyone, claims nothing
-    assert owners.owner("t1") is None
-    owners.claim("t1", alice.id)
-    owners.claim("t1", alice.id)  # again: still hers
-    with pytest.raises(ThreadNotFound, match="Thread t1 not found"):
-        owners.claim("t1", bob.id)
-    with pytest.raises(ThreadNotFound):
-        owners.check("t1", bob.id)
-    assert owners.owned(alice.id) == ["t1"] and owners.owned(bob.id) == []
-
-
-def test_concurrent_claims_have_exactly_one_winner(engine, accounts) -> None:
-    users = [accounts.create_user(f"u{i}@example.com", "same password") for i in range(8)]
-    owners = ThreadOwners(engine)
-    barrier = threading.Barrier(len(users))
-    outcomes: dict[str, str] = {}
-
-    def claim(user_id: str) -> None:
-        barrier.wait()
-        try:
-            owners.claim("race", user_id)
-            outcomes[user_id] = "won"
-        except ThreadNotFound:
-            outcomes[user_id] = "lost"
-
-    workers = [threading.Thread(target=claim, args=(user.id,)) for user in users]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    winners = [user_id for user_id, outcome in outcomes.items() if outcome == "won"]
-    assert len(winners) == 1 and owners.owner("race") == winners[0]

@@ -185,17 +185,18 @@ def test_move_takes_only_what_it_adopted(app: Flask, tree: Path, base_dir: Path)
 def test_owners_by_rule(app: Flask, tree: Path, base_dir: Path) -> None:
     services = app.extensions[EXTENSION_KEY]
     other = services.accounts.create_user("other@example.com", "other password")
-    services.owners.claim("t2", other.id)  # t2's id is someone else's here already
+    services.threads.create(other.id, "t2")  # ids are per user: this one is in no one's way
     result = run(app, str(tree), "--map", f"u1={TEST_EMAIL}", "--map", "u2=other@example.com")
     assert result.exit_code == 0, result.output
     assert "skipped threads/t1: no owner for DeerFlow's flat layout" in result.output
-    assert "skipped users/u1/threads/t2: the thread id belongs to another account" in result.output
+    assert (uploads_dir(base_dir, "t2") / "a.txt").exists()  # u1's t2 is the test user's
     assert (uploads_dir(base_dir, "t3", other.id) / "b.txt").read_bytes() == b"b"
-    assert services.owners.owner("t3") == other.id
+    assert services.threads.exists(other.id, "t3")
+    assert not services.threads.exists(USER_ID, "t3")
     assert not uploads_dir(base_dir, "t1").exists()
     unmapped = run(app, str(tree), "--owner", TEST_EMAIL)
     assert "skipped users/u1/threads/t2: DeerFlow user u1 is not mapped" in unmapped.output
-    assert services.owners.owner("t1") == USER_ID
+    assert services.threads.exists(USER_ID, "t1")
     unknown = run(app, str(tree), "--owner", "nobody@example.com")
     assert unknown.exit_code != 0 and "No account with email nobody@example.com" in unknown.output
     bad = run(app, str(tree), "--map", "u1")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from io import BytesIO
 from pathlib import Path
@@ -27,11 +26,12 @@ from deerflow_web.services.files.preview import PREVIEW_BYTES
 from deerflow_web.services.files.preview import PreviewKind
 from deerflow_web.services.files.preview import build_preview
 from deerflow_web.services.files.sizes import human_size
+from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
+from deerflow_web.services.threads.catalog import ThreadCatalog
+from deerflow_web.services.threads.overview import list_threads
 from deerflow_web.services.uploads.bulk_delete import delete_uploads
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
-from deerflow_web.services.uploads.threads import create_thread
-from deerflow_web.services.uploads.threads import list_threads
 
 
 @pytest.fixture
@@ -322,22 +322,32 @@ def test_list_area_errors(service: UploadService, tmp_path: Path) -> None:
 # ---- Threads and bulk delete ----------------------------------------------------------
 
 
+def catalog_of(service: UploadService) -> ThreadCatalog:
+    return ThreadCatalog(service, make_chat_preview_service(service))
+
+
 def test_list_threads_newest_first_including_empty_ones(service: UploadService) -> None:
     save(service, "with-files", **{"a.txt": b"12", "b.txt": b"345"})
-    fresh = create_thread(service.paths)
-    later = time.time() + 60  # newer than the upload, whatever the clock's resolution
-    for folder in [service.paths.thread_dir(fresh), *service.paths.thread_dir(fresh).rglob("*")]:
-        os.utime(folder, (later, later))
-    threads = list_threads(service.paths, service.records)
-    assert [t.thread_id for t in threads] == [fresh, "with-files"]
-    assert (threads[1].file_count, threads[1].total_size) == (2, 5)
+    catalog = catalog_of(service)
+    catalog._clock = lambda: time.time() + 60  # newer than the upload, whatever the clock
+    fresh, _created = catalog.create(None, title="Fresh one")
+    threads = list_threads(catalog, service.records)
+    assert [t.thread_id for t in threads] == [fresh.thread_id, "with-files"]
+    assert (threads[1].file_count, threads[1].total_size, threads[1].title) == (2, 5, None)
     assert (threads[0].file_count, threads[0].total_size) == (0, 0)
+    assert threads[0].title == "Fresh one"
+    assert [t.thread_id for t in list_threads(catalog, service.records, query="FRESH")] == [
+        fresh.thread_id
+    ]
+    assert [t.thread_id for t in list_threads(catalog, service.records, query="h-fil")] == [
+        "with-files"  # ids are searched too
+    ]
 
 
 def test_list_threads_hides_records_of_removed_folders(service: UploadService) -> None:
     save(service, "gone", **{"a.txt": b"1"})
     service.paths.delete_thread_dir("gone")
-    assert list_threads(service.paths, service.records) == []
+    assert list_threads(catalog_of(service), service.records) == []
 
 
 def test_bulk_delete_reports_each_name(service: UploadService) -> None:

@@ -293,7 +293,7 @@ def test_the_preview_page_offers_the_editor_only_where_a_save_would_work(
 def test_another_users_thread_is_404_and_untouched(make_app, outputs: Path) -> None:
     app = make_app()
     services = app.extensions[EXTENSION_KEY]
-    services.owners.claim("T", USER_ID)
+    services.threads.create(USER_ID, "T")
     other = services.accounts.create_user("other@example.com", "other password")
     note = outputs / "n.txt"
     note.write_bytes(b"mine")

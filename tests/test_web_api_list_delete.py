@@ -94,9 +94,21 @@ def test_delete(uploads: UploadActions, base_dir: Path) -> None:
 
 
 def test_delete_missing(uploads: UploadActions) -> None:
+    uploads.upload("T", (b"1", "keep.txt"))
     response = uploads.delete("T", "nope.txt")
     assert response.status_code == 404
     assert response.get_json() == {"detail": "File not found: nope.txt"}
+
+
+def test_delete_in_a_thread_the_caller_does_not_have(
+    uploads: UploadActions, base_dir: Path
+) -> None:
+    """Issue 25 item 5: the thread is named as missing, and nothing is created for it."""
+    response = uploads.delete("nobody", "nope.txt")
+    assert response.status_code == 404
+    assert response.get_json() == {"detail": "Thread nobody not found"}
+    assert not list(base_dir.rglob("nobody"))
+    assert uploads.list("nobody") == {"files": [], "count": 0}
 
 
 def test_delete_cascades_to_a_companion_of_unknown_origin(

@@ -411,7 +411,8 @@ def test_confirmed_bulk_delete_removes_files_and_companions(
     assert "“gone.txt” was not found" in html
 
 
-def test_delete_without_selection_says_so(client: FlaskClient) -> None:
+def test_delete_without_selection_says_so(client: FlaskClient, uploads: UploadActions) -> None:
+    uploads.upload("t1", (b"1", "a.txt"))
     client.post("/threads/t1/delete", data={"confirmed": "yes"})
     assert "Select at least one file to delete." in text(client.get("/threads/t1"))
 
@@ -441,7 +442,10 @@ def test_rename_conflict_asks_again(client: FlaskClient, uploads: UploadActions)
     assert uploads.names("t1") == ["b.txt", "b_1.txt"]
 
 
-def test_rename_of_a_missing_file_goes_back_with_a_message(client: FlaskClient) -> None:
+def test_rename_of_a_missing_file_goes_back_with_a_message(
+    client: FlaskClient, uploads: UploadActions
+) -> None:
+    uploads.upload("t1", (b"1", "a.txt"))
     data = {"filename": "nope.txt", "new_name": "b.txt", "on_conflict": "reject"}
     response = client.post("/threads/t1/rename", data=data)
     assert response.status_code == 302

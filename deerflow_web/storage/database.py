@@ -4,7 +4,7 @@ An embedded SQLite file by default (`{base}/deerflow.sqlite3`), or the server na
 `DATABASE_URL` / `database.url` (SPEC 9), e.g. `postgresql+psycopg://user:pass@host/db`.
 Everything several server processes (or several machines) must agree on lives here and
 never in one process's memory: upload records and conversion jobs, who is signed in, which
-session was revoked, how many logins failed, who owns a thread, resumable uploads, chat
+session was revoked, how many logins failed, each user's threads, resumable uploads, chat
 preview turns. The SQL is written once, with Core constructs, for both engines; the schema
 is created and upgraded by the Alembic migrations in `storage/migrations` (`migrate.py`).
 
@@ -132,14 +132,19 @@ login_failures = Table(
     Index("ix_login_failures_subject", "kind", "subject", "at"),
 )
 
-thread_owners = Table(
-    "thread_owners",
+threads = Table(
+    "threads",
     metadata,
-    # Thread ids are global: the first user to write to an id claims it (SPEC 7.4).
-    Column("thread_id", String(64), primary_key=True),
-    Column("user_id", String(36), ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    # Each user's threads (SPEC 7.4): ids are per user, so A's `project` and B's are two
+    # threads, as their folders `users/{uid}/threads/{id}` are. The single-user layout's
+    # threads have the user id "" (no account, no foreign key for that reason).
+    Column("user_id", String(36), nullable=False),
+    Column("thread_id", String(64), nullable=False),
+    Column("title", Text),  # DeerFlow's display name, answered as `values.title`
+    Column("metadata", Text, nullable=False),  # a JSON object, merged by PATCH
     Column("created_at", Float, nullable=False),
-    Index("ix_thread_owners_user", "user_id"),
+    Column("updated_at", Float, nullable=False),
+    PrimaryKeyConstraint("user_id", "thread_id"),
 )
 
 

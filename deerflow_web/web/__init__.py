@@ -32,6 +32,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web.extensions import csrf
     from deerflow_web.web.security import add_security_headers
     from deerflow_web.web.security import refuse_unknown_host
+    from deerflow_web.web.thread_access import check_thread_access
 
     overrides = dict(test_config or {})
     settings = load_settings(overrides.get("BASE_DIR"), config_path=overrides.get("CONFIG_PATH"))
@@ -80,6 +81,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         )
     if settings.auth.enabled:
         auth.init_app(app)
+    app.before_request(check_thread_access)  # after the sign-in gate: it needs the user
     cli.init_app(app)
 
     from deerflow_web.web import api
@@ -87,10 +89,12 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web import chat
     from deerflow_web.web import health
     from deerflow_web.web import pages
+    from deerflow_web.web import threads_api
     from deerflow_web.web import tus
 
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
     csrf.exempt(tus.bp)  # nested in the API; Flask-WTF looks each blueprint up by itself
+    csrf.exempt(threads_api.bp)  # nested in the API too
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(chat.bp)

@@ -25,9 +25,11 @@ from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web import threads_api
 from deerflow_web.web import tus
 from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.security import refuse_cross_site
+from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.uploads import receive_uploads
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
@@ -36,9 +38,11 @@ from deerflow_web.web.wiring import get_upload_service
 bp = Blueprint("api", __name__, url_prefix="/api")
 # The JSON of an edit: 2 MiB of text, escaped (`\u0001` is six bytes for one), and its frame.
 EDIT_BODY_LIMIT = 6 * MAX_EDITABLE_BYTES + 64 * 1024
-# The resumable (tus) routes live under /api as a nested blueprint, so every check of this
-# blueprint (the origin check below, and whatever guards the API) covers them too.
+# The resumable (tus) routes and the thread records live under /api as nested blueprints,
+# so every check of this blueprint (the origin check below, and whatever guards the API)
+# covers them too.
 bp.register_blueprint(tus.bp)
+bp.register_blueprint(threads_api.bp)
 
 
 class VirtualPathConverter(PathConverter):
@@ -81,6 +85,7 @@ def _formatter(thread_id: str) -> UploadInfoFormatter:
 
 
 @bp.post("/threads/<thread_id>/uploads")
+@thread_may_be_new
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store the request's files in the thread's uploads folder, streaming each part."""
     validate_thread_id(thread_id)
@@ -109,6 +114,7 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.get("/threads/<thread_id>/uploads/limits")
+@thread_may_be_new
 def upload_limits(thread_id: str) -> ResponseReturnValue:
     """The limits the upload route enforces, so clients can check before sending."""
     validate_thread_id(thread_id)
@@ -116,6 +122,7 @@ def upload_limits(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.get("/threads/<thread_id>/uploads/list")
+@thread_may_be_new
 def list_uploads(thread_id: str) -> ResponseReturnValue:
     """The thread's uploads, by name, from the records (reconciled with the folder)."""
     records = get_upload_service().list_uploads(thread_id, current_user_id())

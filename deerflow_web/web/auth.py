@@ -1,4 +1,4 @@
-"""Who is asking, and may they (SPEC 7.1, 7.3, 7.4): sessions, Bearer tokens, CSRF, owners.
+"""Who is asking, and may they (SPEC 7.1, 7.3): sessions, Bearer tokens, CSRF.
 
 Everything here is enforced by app-level hooks rather than per view, so a route added
 later, in any blueprint, is covered without doing anything:
@@ -10,8 +10,10 @@ later, in any blueprint, is covered without doing anything:
 - a state-changing API request authenticated by the session cookie must echo the
   `csrf_token` cookie in `X-CSRF-Token` (DeerFlow's double submit);
 - an account that must change its password can do nothing else, by session or by token;
-- every route with a `thread_id` in its URL is checked against the thread's owner;
 - every answer that depends on who is signed in is sent `Cache-Control: no-store`.
+
+Which thread a `thread_id` names is decided after this gate, in both modes, by
+`web/thread_access.py`: ids are per user, so nobody's request reaches another's thread.
 
 The session cookie is DeerFlow's `access_token` (its Next.js page guard reads only that
 name): an opaque random secret whose SHA-256 is the server-side session row, never a JWT,
@@ -50,7 +52,6 @@ from deerflow_web.errors import AuthError
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.services.accounts.service import Account
-from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.security import SAFE_METHODS
 
 SESSION_COOKIE = "access_token"  # DeerFlow's name: its page guard reads only this cookie
@@ -171,10 +172,6 @@ def safe_next(target: str | None, default: str) -> str:
 
 def _accounts():  # noqa: ANN202 - the service type lives in wiring
     return current_app.extensions["deerflow_web"].accounts
-
-
-def _owners():  # noqa: ANN202
-    return current_app.extensions["deerflow_web"].owners
 
 
 def start_session(account: Account, remember: bool) -> SignedInUser:
@@ -349,20 +346,6 @@ def _check_password_change(user: SignedInUser) -> ResponseReturnValue | None:
     return redirect(url_for("account_pages.account"))
 
 
-def _check_thread_owner() -> None:
-    """404 for another user's thread; a write to an unowned id claims it first (SPEC 7.4)."""
-    args = request.view_args or {}
-    if "thread_id" not in args:
-        return
-    thread_id = validate_thread_id(args["thread_id"])
-    user = signed_in()
-    assert user is not None
-    if request.method in SAFE_METHODS:
-        _owners().check(thread_id, user.id)
-    else:
-        _owners().claim(thread_id, user.id)
-
-
 def authenticate_request() -> ResponseReturnValue | None:
     """The app-wide gate (see the module docstring)."""
     if request.endpoint is None or request.path in PUBLIC_PATHS or request.endpoint == "static":
@@ -379,7 +362,6 @@ def authenticate_request() -> ResponseReturnValue | None:
         _check_csrf()
     if (answer := _check_password_change(user)) is not None:
         return answer
-    _check_thread_owner()
     return None
 
 

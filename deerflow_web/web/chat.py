@@ -34,9 +34,11 @@ from deerflow_web.web.chat_forms import ChatUploadForm
 from deerflow_web.web.chat_forms import ToolPreviewForm
 from deerflow_web.web.extensions import csrf
 from deerflow_web.web.forms import CsrfOnlyForm
+from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.uploads import save_form_files
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_chat_preview_service
+from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_tool_preview_service
 from deerflow_web.web.wiring import get_upload_service
 
@@ -97,6 +99,7 @@ def _render(
 
 
 @bp.get("/threads/<thread_id>/chat")
+@thread_may_be_new
 def chat_preview(thread_id: str) -> ResponseReturnValue:
     """Show the compose form, the selected turn's result and the history of turns."""
     validate_thread_id(thread_id)
@@ -110,8 +113,10 @@ def chat_preview(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.post("/threads/<thread_id>/chat")
+@thread_may_be_new
 def preview_message(thread_id: str) -> ResponseReturnValue:
-    """Preview the composed message as the next turn, then show it."""
+    """Preview the composed message as the next turn, then show it; a first turn in a
+    thread the caller does not have yet makes it theirs, as a first upload does."""
     validate_thread_id(thread_id)
     form = ChatPreviewForm()
     service = get_chat_preview_service()
@@ -122,10 +127,12 @@ def preview_message(thread_id: str) -> ResponseReturnValue:
     text = (form.message.data or "").replace("\r\n", "\n")
     attached = [name for name in form.attach.data or [] if name]
     turn = service.preview(thread_id, text, attached, form.mode.data, current_user_id())
+    get_services().threads.create(current_user_id(), thread_id)  # after it succeeded
     return _back(thread_id, turn=turn.turn_id, _anchor="result")
 
 
 @bp.post("/threads/<thread_id>/chat/tools")
+@thread_may_be_new
 def preview_tool(thread_id: str) -> ResponseReturnValue:
     """Show what `read_file` or `grep` returns to the model for the chosen file."""
     validate_thread_id(thread_id)
@@ -147,6 +154,7 @@ def preview_tool(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.post("/threads/<thread_id>/chat/upload")
+@thread_may_be_new
 @csrf.exempt  # save_form_files checks the token itself, without spooling the files
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store new files in the thread and come back with them attached to the message."""

@@ -17,9 +17,9 @@ from flask.cli import AppGroup
 from flask.cli import with_appcontext
 
 from deerflow_web.errors import DeerFlowError
-from deerflow_web.services.accounts.adopt import adopt_flat_threads
 from deerflow_web.services.accounts.service import ADMIN
 from deerflow_web.services.accounts.service import USER
+from deerflow_web.services.threads.adopt import adopt_flat_threads
 from deerflow_web.services.uploads.deerflow_import import Owners
 from deerflow_web.services.uploads.deerflow_import import import_deerflow
 from deerflow_web.storage.migrate import current_revision
@@ -81,9 +81,7 @@ def adopt_threads(email: str) -> None:
     account = services.accounts.find_by_email(email)
     if account is None:
         raise click.ClickException(f"No account with email {email}")
-    report = adopt_flat_threads(
-        services.uploads.paths, services.uploads.records, services.owners, account.id
-    )
+    report = adopt_flat_threads(services.threads, services.uploads.records, account.id)
     for thread_id in report.moved:
         click.echo(f"adopted {thread_id}")
     for thread_id, reason in report.skipped:
@@ -152,7 +150,6 @@ def import_deerflow_command(
         services.uploads.paths,
         services.uploads.records,
         owners,
-        services.owners if accounts else None,
         move=move,
     )
     for source, target in report.adopted:

@@ -18,6 +18,7 @@ from wtforms import SelectMultipleField
 from wtforms import StringField
 from wtforms.validators import DataRequired
 from wtforms.validators import InputRequired
+from wtforms.validators import Length
 
 from deerflow_web.models import OnConflict
 
@@ -97,6 +98,22 @@ class ConvertForm(PageForm):
     """The document to convert (the Convert button's form when JavaScript is off)."""
 
     filename = HiddenField(validators=[DataRequired()])
+
+
+class ThreadTitleForm(PageForm):
+    """A thread's title: asked by "New thread" (optional) and changed on the thread's page.
+
+    The catalog applies the rules (one line, at most 256 characters); the length here
+    only lets the browser say so first.
+    """
+
+    title = StringField(_l("Title"), validators=[Length(max=256)])
+
+
+class DeleteThreadForm(PageForm):
+    """Deleting a whole thread: the confirmation page posts `confirmed=yes`."""
+
+    confirmed = HiddenField()
 
 
 class CsrfOnlyForm(PageForm):

@@ -7,7 +7,6 @@ Views unwrap the request, call a service and render; the rules live in the servi
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -40,21 +39,23 @@ from deerflow_web.services.files.markdown_render import MAX_RENDER_BYTES
 from deerflow_web.services.files.preview import PREVIEW_BYTES
 from deerflow_web.services.files.preview import build_preview
 from deerflow_web.services.prompt.outline import upload_outline
+from deerflow_web.services.threads.catalog import clean_title
+from deerflow_web.services.threads.overview import list_threads
 from deerflow_web.services.uploads.bulk_delete import delete_uploads
-from deerflow_web.services.uploads.threads import create_thread
-from deerflow_web.services.uploads.threads import list_threads
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web import helpers
 from deerflow_web.web.errors import status_for
 from deerflow_web.web.extensions import csrf
 from deerflow_web.web.forms import ConvertForm
-from deerflow_web.web.forms import CsrfOnlyForm
 from deerflow_web.web.forms import DeleteForm
+from deerflow_web.web.forms import DeleteThreadForm
 from deerflow_web.web.forms import RenameForm
+from deerflow_web.web.forms import ThreadTitleForm
 from deerflow_web.web.forms import UploadForm
 from deerflow_web.web.i18n import LANG_COOKIE
 from deerflow_web.web.i18n import LANGUAGES
 from deerflow_web.web.messages import describe_error
+from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.uploads import flash_form_errors
 from deerflow_web.web.uploads import save_form_files
 from deerflow_web.web.wiring import current_user_id
@@ -73,34 +74,72 @@ def _back_to_thread(thread_id: str) -> ResponseReturnValue:
 
 @bp.get("/")
 def index() -> str:
-    """List every thread, newest change first, with a way to open or start one."""
-    service = get_upload_service()
-    user_id = current_user_id()
-    visible = None if user_id is None else partial(_visible_threads, user_id)
-    threads = list_threads(service.paths, service.records, user_id, visible=visible)
-    return render_template("pages/index.html", threads=threads, new_form=CsrfOnlyForm())
-
-
-def _visible_threads(user_id: str, folder_ids: Collection[str]) -> list[str]:
-    """The user's claimed threads plus unclaimed folders of their own layout (SPEC 7.4)."""
-    owners = get_services().owners
-    claimed = owners.owners_of(folder_ids)
-    mine = [thread_id for thread_id in folder_ids if claimed.get(thread_id, user_id) == user_id]
-    return sorted(set(mine) | set(owners.owned(user_id)))
+    """List the caller's threads, newest change first, with their titles; `q` searches
+    titles and ids."""
+    query = request.args.get("q", "").strip()
+    threads = list_threads(
+        get_services().threads, get_upload_service().records, current_user_id(), query=query
+    )
+    return render_template(
+        "pages/index.html", threads=threads, query=query, new_form=ThreadTitleForm(formdata=None)
+    )
 
 
 @bp.post("/threads")
 def new_thread() -> ResponseReturnValue:
-    """Start a thread with a fresh id and open it."""
-    user_id = current_user_id()
-    claim = None if user_id is None else partial(_claim, user_id)
-    thread_id = create_thread(get_upload_service().paths, user_id, claim=claim)
+    """Start a thread with a fresh id and the title asked for, and open it."""
+    form = ThreadTitleForm()
+    if not form.validate_on_submit():
+        flash_form_errors(form)
+        return redirect(url_for("pages.index"))
+    try:
+        title = clean_title(form.title.data, ("form", "title"))
+    except DeerFlowError as error:
+        flash(describe_error(error, get_upload_service().limits), "error")
+        return redirect(url_for("pages.index"))
+    record, _created = get_services().threads.create(current_user_id(), title=title)
     flash(_("New thread created. Upload files to get started."), "success")
+    return _back_to_thread(record.thread_id)
+
+
+@bp.post("/threads/<thread_id>/title")
+def rename_thread(thread_id: str) -> ResponseReturnValue:
+    """Change the thread's title (an empty one removes it)."""
+    form = ThreadTitleForm()
+    if not form.validate_on_submit():
+        flash_form_errors(form)
+        return _back_to_thread(thread_id)
+    try:
+        title = clean_title(form.title.data, ("form", "title"))
+        get_services().threads.update(current_user_id(), thread_id, title=title, set_title=True)
+    except DeerFlowError as error:
+        flash(describe_error(error, get_upload_service().limits), "error")
+        return _back_to_thread(thread_id)
+    flash(_("Title saved.") if title else _("Title removed."), "success")
     return _back_to_thread(thread_id)
 
 
-def _claim(user_id: str, thread_id: str) -> None:
-    get_services().owners.claim(thread_id, user_id)
+@bp.get("/threads/<thread_id>/delete-thread")
+def confirm_delete_thread(thread_id: str) -> str:
+    """Ask before deleting a whole thread (the index's Delete link lands here)."""
+    thread = get_services().threads.get(current_user_id(), thread_id)
+    return render_template(
+        "pages/confirm_delete_thread.html",
+        thread_id=thread_id,
+        thread=thread,
+        form=DeleteThreadForm(formdata=None),
+    )
+
+
+@bp.post("/threads/<thread_id>/delete-thread")
+def delete_thread(thread_id: str) -> ResponseReturnValue:
+    """Delete the thread with all its files once confirmed; otherwise ask first."""
+    form = DeleteThreadForm()
+    if not form.validate_on_submit() or form.confirmed.data != "yes":
+        return redirect(url_for("pages.confirm_delete_thread", thread_id=thread_id))
+    get_services().threads.delete(current_user_id(), thread_id)
+    flash(_("Deleted thread %(id)s and all its files.", id=thread_id), "success")
+    return redirect(url_for("pages.index"))
 
 
 @bp.get("/open")
@@ -116,6 +155,7 @@ def open_thread() -> ResponseReturnValue:
 
 
 @bp.get("/threads/<thread_id>")
+@thread_may_be_new
 def thread_files(thread_id: str) -> str:
     """The file manager: upload form, the uploads list and the area tabs."""
     validate_thread_id(thread_id)
@@ -133,6 +173,8 @@ def thread_files(thread_id: str) -> str:
     return render_template(
         "pages/thread_files.html",
         thread_id=thread_id,
+        thread=get_services().threads.find(current_user_id(), thread_id),
+        title_form=ThreadTitleForm(formdata=None),
         area=Area.UPLOADS,
         listing=listing,
         query=query,
@@ -146,6 +188,7 @@ def thread_files(thread_id: str) -> str:
 
 
 @bp.post("/threads/<thread_id>/upload")
+@thread_may_be_new
 @csrf.exempt  # save_form_files checks the token itself, without spooling the files
 def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store the form's files (the no-JavaScript path; scripts use the JSON API)."""
@@ -274,6 +317,7 @@ def rename_file(thread_id: str) -> ResponseReturnValue:
 
 @bp.get("/threads/<thread_id>/browse/<area>", defaults={"folder": ""})
 @bp.get("/threads/<thread_id>/browse/<area>/<path:folder>")
+@thread_may_be_new
 def browse_area(thread_id: str, area: str, folder: str) -> ResponseReturnValue:
     """Read-only view of what the agent wrote to outputs/ or workspace/."""
     validate_thread_id(thread_id)
@@ -285,7 +329,12 @@ def browse_area(thread_id: str, area: str, folder: str) -> ResponseReturnValue:
         get_upload_service().paths, thread_id, Area(area), folder, current_user_id()
     )
     return render_template(
-        "pages/browse.html", thread_id=thread_id, area=Area(area), listing=listing
+        "pages/browse.html",
+        thread_id=thread_id,
+        thread=get_services().threads.find(current_user_id(), thread_id),
+        title_form=ThreadTitleForm(formdata=None),
+        area=Area(area),
+        listing=listing,
     )
 
 

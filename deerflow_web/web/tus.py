@@ -27,6 +27,7 @@ from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.request_body import WsgiBody
 from deerflow_web.web.request_body import request_body
+from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 
@@ -91,6 +92,7 @@ def _progress_headers(upload: ResumableUpload) -> dict[str, str]:
 
 
 @bp.route(UPLOADS, methods=["OPTIONS"])
+@thread_may_be_new
 def server_options(thread_id: str) -> ResponseReturnValue:
     """What this tus server supports."""
     validate_thread_id(thread_id)
@@ -104,6 +106,7 @@ def server_options(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.post(UPLOADS, provide_automatic_options=False)
+@thread_may_be_new
 def create_upload(thread_id: str) -> ResponseReturnValue:
     """Start a resumable upload; the name and size are checked now, not at the end."""
     if "Upload-Defer-Length" in request.headers:

@@ -11,13 +11,13 @@ from flask import Flask
 from flask import current_app
 
 from deerflow_web.errors import NotAuthenticated
-from deerflow_web.services.accounts.owners import ThreadOwners
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.conversion.runner import sweep_stale_work_folders
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.tool_preview import ToolPreviewService
+from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.services.uploads.intake import UploadIntake
 from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.services.uploads.resumable import make_resumable_service
@@ -57,34 +57,22 @@ class Services:
             max_pending=settings.resumable.max_pending,
             max_pending_bytes=settings.resumable.max_pending_bytes,
         )
+        # Each user's threads (SPEC 7.4, DeerFlow's /api/threads), in both modes.
+        self.threads = ThreadCatalog(self.uploads, self.chat_previews)
         self._accounts: AccountService | None = None
-        self._owners: ThreadOwners | None = None
-
-    def _open_database(self) -> None:
-        """Build the account services on first use: the single-user mode never needs them."""
-        auth = self.settings.auth
-        self._accounts = AccountService(
-            self.engine,
-            session_lifetime=auth.session_lifetime_days * 86400,
-            session_idle=auth.session_idle_hours * 3600,
-        )
-        self._owners = ThreadOwners(self.engine)
 
     @property
     def accounts(self) -> AccountService:
-        """Users, sessions, tokens and lockouts (SPEC 7)."""
+        """Users, sessions, tokens and lockouts (SPEC 7); built on first use: the
+        single-user mode never needs them."""
         if self._accounts is None:
-            self._open_database()
-        assert self._accounts is not None
+            auth = self.settings.auth
+            self._accounts = AccountService(
+                self.engine,
+                session_lifetime=auth.session_lifetime_days * 86400,
+                session_idle=auth.session_idle_hours * 3600,
+            )
         return self._accounts
-
-    @property
-    def owners(self) -> ThreadOwners:
-        """Who owns which thread (SPEC 7.4)."""
-        if self._owners is None:
-            self._open_database()
-        assert self._owners is not None
-        return self._owners
 
 
 def persistent_secret_key(base_dir: Path) -> str:

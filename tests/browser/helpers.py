@@ -80,8 +80,7 @@ class LiveServer:
     def seed(self, thread_id: str, files: dict[str, bytes]) -> None:
         """Store files through the upload service (any name, even ones browsers re-encode),
         in a thread the signed-in user owns."""
-        if self.user_id is not None:
-            self.app.extensions[EXTENSION_KEY].owners.claim(thread_id, self.user_id)
+        self.app.extensions[EXTENSION_KEY].threads.create(self.user_id, thread_id)
         incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
         self.service.save_uploads(thread_id, incoming, user_id=self.user_id)
 

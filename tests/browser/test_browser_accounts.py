@@ -124,7 +124,7 @@ def test_setup_sign_in_upload_token_sign_out(
     expect(page.page.locator("tr.file-row")).to_have_count(1)
 
 
-def test_a_second_user_gets_the_404_page_on_the_first_users_thread(
+def test_a_second_user_sees_only_their_own_thread_of_the_same_id(
     open_page: Callable[..., Watched], accounts_live: LiveServer
 ) -> None:
     live = accounts_live
@@ -149,8 +149,12 @@ def test_a_second_user_gets_the_404_page_on_the_first_users_thread(
     sign_in(second, live, "second@example.com", "second user password")
     expect(second.page).to_have_url(f"{live.url}/")
     expect(second.page.locator(".threads-table")).to_have_count(0)
+    # Thread ids are per user: the same id is the second user's own (empty) thread.
     response = second.page.goto(f"{live.url}/threads/{THREAD}")
+    assert response is not None and response.status == 200
+    expect(second.page.locator("tr.file-row")).to_have_count(0)
+    assert "private.txt" not in second.page.content()
+    response = second.page.goto(f"{live.url}/threads/{THREAD}/files/uploads/private.txt")
     assert response is not None and response.status == 404
     expect(second.page.locator(".error-message")).to_have_text(f"Thread {THREAD} not found")
     second.shoot("accounts-other-users-thread")
-    assert "private.txt" not in second.page.content()

@@ -1,3 +1,3 @@
 """Uploads: the rules (limits, naming, conflicts), the commit of a request's files and
 their records, the optional conversion that follows, the gateway response shape, bulk
-delete and the threads index. `service.UploadService` is where an upload is committed."""
+delete. `service.UploadService` is where an upload is committed."""

@@ -27,13 +27,11 @@ from pathlib import Path
 
 from deerflow_web.errors import InvalidThreadId
 from deerflow_web.errors import InvalidUserId
-from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import CONVERTIBLE_EXTENSIONS
 from deerflow_web.models import Area
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
-from deerflow_web.services.accounts.owners import ThreadOwners
 from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.local import HASH_CHUNK
 from deerflow_web.storage.local import StagingFile
@@ -308,7 +306,6 @@ def import_deerflow(
     paths: ThreadPaths,
     records: DatabaseUploadRecords,
     owners: Owners,
-    thread_owners: ThreadOwners | None = None,
     *,
     move: bool = False,
 ) -> ImportReport:
@@ -327,12 +324,6 @@ def import_deerflow(
                 (source.label, f"thread {source.thread_id} is already imported from {first}")
             )
             continue
-        if user_id is not None and thread_owners is not None:
-            try:
-                thread_owners.claim(source.thread_id, user_id)
-            except ThreadNotFound:
-                report.skipped.append((source.label, "the thread id belongs to another account"))
-                continue
         _adopt_thread(root, source, paths, records, user_id, report, move)
     return report
 

@@ -2,7 +2,8 @@
 
 The first release kept every thread under `{base}/threads/`; switching accounts on puts each
 user's threads under `{base}/users/{id}/threads/`. Adopting moves the folders, re-keys
-their upload records and records the ownership, so nothing is lost in the switch.
+their upload records and their thread rows (title and metadata kept), so nothing is lost
+in the switch.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import os
 from dataclasses import dataclass
 from dataclasses import field
 
-from deerflow_web.services.accounts.owners import ThreadOwners
-from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.storage.records import DatabaseUploadRecords
 
 
@@ -25,26 +25,23 @@ class AdoptReport:
 
 
 def adopt_flat_threads(
-    paths: ThreadPaths, records: DatabaseUploadRecords, owners: ThreadOwners, user_id: str
+    catalog: ThreadCatalog, records: DatabaseUploadRecords, user_id: str
 ) -> AdoptReport:
-    """Move every flat-layout thread into the user's layout and make the user its owner.
+    """Move every flat-layout thread into the user's layout and make it one of theirs.
 
-    A thread id owned by someone else, or already present in the user's layout, is left
-    in place and reported rather than merged or overwritten.
+    A thread id the user already has is left in place and reported rather than merged
+    or overwritten. Other users' threads are never in the way: ids are per user.
     """
+    paths = catalog.paths
     report = AdoptReport()
     for thread_id in sorted(paths.iter_thread_ids(None)):
-        owner = owners.owner(thread_id)
-        if owner is not None and owner != user_id:
-            report.skipped.append((thread_id, "owned by another user"))
+        if catalog.exists(user_id, thread_id):
+            report.skipped.append((thread_id, "the user already has a thread with this id"))
             continue
         target = paths.thread_dir(thread_id, user_id)
-        if target.exists():
-            report.skipped.append((thread_id, "already in the user's layout"))
-            continue
-        owners.claim(thread_id, user_id)
         paths.make_dirs(target.parent)
         os.rename(paths.thread_dir(thread_id), target)
         records.move_scope(paths.scope(thread_id), paths.scope(thread_id, user_id))
+        catalog.adopt_flat(thread_id, user_id)
         report.moved.append(thread_id)
     return report
