@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import stat
 import time
 from collections import OrderedDict
@@ -23,6 +24,7 @@ from pathlib import PurePosixPath
 from typing import Protocol
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import FileTooLarge
@@ -43,6 +45,7 @@ from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
+from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.filenames import ClaimedNames
 from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.filenames import is_companion_name
@@ -514,20 +517,30 @@ class UploadService:
         # Hashed outside the lock (a large file must not stall other writers) and off the
         # event loop (a large file must not stall other connections).
         hashed = off_loop(_hash_changed, folder, on_disk, known)
-        with self.records.locked(scope) as txn:
-            current = scan_regular_files(folder, {s.record.filename: s.inode for s in txn.all()})
-            for s in txn.all():
-                if s.record.filename not in current:
-                    txn.delete(s.record.filename)
-            for name, (facts, sha256, content_type) in hashed.items():
-                if current.get(name) != facts:
-                    continue  # changed again meanwhile; the next listing catches up
-                previous = txn.get(name)
-                record = _record_from_disk(
-                    name, facts, sha256, content_type, previous.record if previous else None
+        try:
+            with self.records.locked(scope) as txn:
+                current = scan_regular_files(
+                    folder, {s.record.filename: s.inode for s in txn.all()}
                 )
-                txn.put(StoredRecord(record, facts.mtime_ns, facts.inode, facts.ctime_ns))
-            return [s.record for s in txn.all()]
+                for s in txn.all():
+                    if s.record.filename not in current:
+                        txn.delete(s.record.filename)
+                for name, (facts, sha256, content_type) in hashed.items():
+                    if current.get(name) != facts:
+                        continue  # changed again meanwhile; the next listing catches up
+                    previous = txn.get(name)
+                    record = _record_from_disk(
+                        name, facts, sha256, content_type, previous.record if previous else None
+                    )
+                    txn.put(StoredRecord(record, facts.mtime_ns, facts.inode, facts.ctime_ns))
+                return [s.record for s in txn.all()]
+        except (DBAPIError, sqlite3.Error) as error:
+            if not is_storage_full(error):
+                raise
+            # A full disk must not stop anyone from seeing their files (nor from deleting
+            # some to free space): answer what the folder holds, store it once there is room.
+            logger.warning("records of %s not reconciled: storage full", scope)
+            return _as_found(stored, on_disk, hashed)
 
     def resolve_artifact(
         self, thread_id: str, virtual_path: str, user_id: str | None = None
@@ -725,6 +738,18 @@ def _hash_changed(
             except OSError:
                 continue  # removed or unreadable meanwhile; the next listing looks again
     return hashed
+
+
+def _as_found(
+    stored: list[StoredRecord],
+    on_disk: dict[str, FileFacts],
+    hashed: dict[str, tuple[FileFacts, str, str]],
+) -> list[UploadRecord]:
+    """The records a reconciliation would have written, in code-point name order."""
+    found = {s.record.filename: s.record for s in stored if s.record.filename in on_disk}
+    for name, (facts, sha256, content_type) in hashed.items():
+        found[name] = _record_from_disk(name, facts, sha256, content_type, found.get(name))
+    return [found[name] for name in sorted(found)]
 
 
 def _is_companion_of(record: UploadRecord, original: str) -> bool:
