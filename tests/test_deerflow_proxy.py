@@ -132,6 +132,38 @@ def test_deerflow_ui_changes_files_through_deerflows_nginx(
     assert (outputs / "answer.md").read_bytes() == b"final"
 
 
+def test_deerflow_ui_keeps_its_thread_records_through_deerflows_nginx(
+    browser: Browser, base_dir: Path
+) -> None:
+    me = browser.send("GET", "/api/v1/auth/me")  # every page of DeerFlow's UI asks first
+    assert me.status_code == 200, me.text
+    assert me.json()["email"] == (TEST_EMAIL if AUTH_ON else "default@test.local")
+    created = browser.send("POST", "/api/threads", json={"metadata": {"agent": "research"}})
+    assert created.status_code == 200, created.text
+    thread = created.json()
+    assert thread["status"] == "idle" and thread["metadata"] == {"agent": "research"}
+    thread_id = thread["thread_id"]
+    found = browser.send(
+        "POST", "/api/threads/search", json={"metadata": {"agent": "research"}, "limit": 10}
+    )
+    assert found.status_code == 200, found.text
+    assert [t["thread_id"] for t in found.json()] == [thread_id]
+    patched = browser.send(
+        "PATCH", f"/api/threads/{thread_id}", json={"metadata": {"stage": "draft"}}
+    )
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["metadata"] == {"agent": "research", "stage": "draft"}
+    upload = browser.send(
+        "POST", f"/api/threads/{thread_id}/uploads", files={"files": ("a.txt", b"a")}
+    )
+    assert upload.status_code == 200, upload.text
+    deleted = browser.send("DELETE", f"/api/threads/{thread_id}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["success"] is True
+    assert not uploads_dir(base_dir, thread_id).exists()
+    assert browser.send("GET", f"/api/threads/{thread_id}").status_code == 404
+
+
 @pytest.mark.parametrize(
     "origin",
     [
