@@ -112,6 +112,8 @@ def test_initialize_creates_the_admin_and_signs_in(fresh: Flask, base_dir) -> No
         ({"password": "root password"}, 422),
         ({"email": ["root@example.com"], "password": "root password"}, 422),
         ({"email": "root@example.com", "password": 12345678}, 422),
+        ({"email": "root@example.com", "password": "root password", "remember_me": "<"}, 422),
+        ({"email": "root@example.com", "password": "root password", "remember_me": 1}, 422),
         (["email", "password"], 422),
         ("root@example.com", 422),
     ),

@@ -98,6 +98,14 @@ def _remember(value: object) -> bool:
     return bool(value)
 
 
+def _json_remember(data: dict[str, Any]) -> bool | None:
+    """`remember_me` of a JSON body: a boolean, or None when absent."""
+    value = data.get("remember_me")
+    if value is not None and not isinstance(value, bool):
+        raise InvalidInput("Input should be a valid boolean", ("body", "remember_me"), value)
+    return value
+
+
 def _user() -> SignedInUser:
     user = signed_in()
     if user is None:
@@ -136,8 +144,9 @@ def setup_status() -> ResponseReturnValue:
 def initialize() -> ResponseReturnValue:
     """Create the first admin and sign them in (409 once an admin exists)."""
     data = json_body()
+    remember = _remember(_json_remember(data))  # checked before anything is created
     account = _service().initialize(_field(data, "email"), _field(data, "password"))
-    return _with_session(account, _remember(data.get("remember_me")), account.as_response(), 201)
+    return _with_session(account, remember, account.as_response(), 201)
 
 
 @bp.post("/login/local")
@@ -180,6 +189,7 @@ def change_password() -> ResponseReturnValue:
     """
     data = json_body()
     user = _user()
+    remember = _json_remember(data)
     new_email = data.get("new_email")
     revoke = data.get("revoke_tokens", False)
     if not isinstance(revoke, bool):
@@ -194,7 +204,6 @@ def change_password() -> ResponseReturnValue:
         revoke_tokens=revoke,
     )
     if user.session_secret is not None:
-        remember = data.get("remember_me")
         start_session(
             service.get_user(user.id), user.persistent if remember is None else _remember(remember)
         )
@@ -207,8 +216,9 @@ def register() -> ResponseReturnValue:
     if not get_services().settings.auth.registration_enabled:
         raise RegistrationDisabled()
     data = json_body()
+    remember = _remember(_json_remember(data))  # checked before anything is created
     account = _service().create_user(_field(data, "email"), _field(data, "password"))
-    return _with_session(account, _remember(data.get("remember_me")), account.as_response(), 201)
+    return _with_session(account, remember, account.as_response(), 201)
 
 
 @bp.post("/tokens")
