@@ -29,6 +29,7 @@ from deerflow_web.services.accounts.service import USER
 from deerflow_web.services.accounts.service import Account
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.accounts.service import ApiToken
+from deerflow_web.settings import parse_bool
 from deerflow_web.web.auth import CSRF_EXEMPT_ENDPOINTS
 from deerflow_web.web.auth import NO_STORE
 from deerflow_web.web.auth import SignedInUser
@@ -52,8 +53,6 @@ SINGLE_USER = {
     "needs_setup": False,
     "oauth_provider": None,
 }
-
-_TRUE = {"1", "true", "on", "yes"}
 
 
 def _service() -> AccountService:
@@ -91,11 +90,7 @@ def _field(data: dict[str, Any], name: str) -> Any:
 
 def _remember(value: object) -> bool:
     """DeerFlow's `remember_me`: persistent unless the client says otherwise."""
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return value.strip().lower() in _TRUE
-    return bool(value)
+    return True if value is None else parse_bool(value)
 
 
 def _json_remember(data: dict[str, Any]) -> bool | None:
