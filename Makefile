@@ -23,7 +23,7 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]' ruff
 	touch $@ $(VENV)/.runtime
 
-# gevent workers (web/server.py) hold each connection in a greenlet, so hundreds of slow
+# gevent workers (web/transport/server.py) hold each connection in a greenlet, so hundreds of slow
 # uploads and downloads wait without taking a thread each; the worker adds back kernel
 # sendfile, the idle timeout, the minimum body rate and the cap per client address
 # (server.* in config.yaml). Several workers share one data dir (the records database
@@ -31,7 +31,7 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 # The bound address joins the hosts the app answers for (server.allowed_hosts).
 run: $(VENV)/.runtime
 	ulimit -n $$(ulimit -Hn) 2>/dev/null || true; \
-	DEER_FLOW_BIND_HOST=$(HOST) $(BIN)/gunicorn --worker-class deerflow_web.web.server.Worker \
+	DEER_FLOW_BIND_HOST=$(HOST) $(BIN)/gunicorn --worker-class deerflow_web.web.transport.server.Worker \
 		--workers $(WORKERS) --worker-connections $(CONNECTIONS) --bind $(HOST):$(PORT) \
 		--timeout 600 --graceful-timeout 30 --no-control-socket --access-logfile - \
 		--access-logformat '%(h)s "%(r)s" %(s)s %(b)s %(M)sms' app:app
@@ -43,7 +43,7 @@ browser:
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 # Debian's PostgreSQL server binaries: the tests start a throw-away server with them
-# (tests/postgres.py) unless TEST_DATABASE_URL names one.
+# (tests/support/postgres.py) unless TEST_DATABASE_URL names one.
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ -n "$$TEST_DATABASE_URL" ] || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -4,7 +4,7 @@
 
 Targets, all started by this script on free loopback ports with their own data dirs:
 
-- `new`: `make run` exactly as it is (today: the gevent worker of web/server.py);
+- `new`: `make run` exactly as it is (today: the gevent worker of web/transport/server.py);
 - `gthread`: the previous `make run` (gunicorn gthread, 2 workers x 8 threads), the
   reference for the no-regression ratios;
 - `naive`: bench/naive_app.py (listdir + stat) for the list baseline.

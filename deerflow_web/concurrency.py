@@ -1,7 +1,7 @@
 """CPU-bound work that must not stop other connections, whichever server runs the app.
 
 Under `make run` every connection of a worker process is a greenlet on one event loop
-(`web/server.py`): a greenlet that computes for a second holds up every other connection
+(`web/transport/server.py`): a greenlet that computes for a second holds up every other connection
 of its process for that second. `off_loop` runs such work (a model-written regex over
 200 MB, Markdown rendering, hashing a large file found on disk) in gevent's pool of real
 threads, where the interpreter's thread switching shares the CPU with the loop; a `Turn`

@@ -92,7 +92,8 @@ class ResumableSettings:
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    """How much of a worker one slow or greedy client may hold (`server.*`, web/server.py).
+    """How much of a worker one slow or greedy client may hold (`server.*`,
+    web/transport/server.py).
 
     The idle timeout only catches silence; a body sent a byte at a time never is. These
     bound the rest: a minimum body rate, a short deadline and a small body for the routes

@@ -23,11 +23,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     `test_config` may name `BASE_DIR` and `CONFIG_PATH` (else DEER_FLOW_HOME and
     DEER_FLOW_CONFIG_PATH apply) and any Flask setting.
     """
-    from deerflow_web.web import auth
     from deerflow_web.web import cli
     from deerflow_web.web import helpers
     from deerflow_web.web import i18n
     from deerflow_web.web import wiring
+    from deerflow_web.web.accounts import gate as auth
     from deerflow_web.web.errors import register_error_handlers
     from deerflow_web.web.extensions import csrf
     from deerflow_web.web.security import add_security_headers
@@ -51,7 +51,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         MAX_FORM_MEMORY_SIZE=64 * 1024,
         # A backstop only: the upload service enforces the real limits while streaming.
         MAX_CONTENT_LENGTH=settings.limits.max_total_size + 16 * 1024 * 1024,
-        DEERFLOW_SETTINGS=settings,  # for the gunicorn worker (web/server.py)
+        DEERFLOW_SETTINGS=settings,  # for the gunicorn worker (web/transport/server.py)
     )
     app.config.update(overrides)
     # First of all hooks: no route, form check or page runs for a host we do not serve.
@@ -84,13 +84,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.before_request(check_thread_access)  # after the sign-in gate: it needs the user
     cli.init_app(app)
 
-    from deerflow_web.web import api
-    from deerflow_web.web import api_docs
-    from deerflow_web.web import chat
-    from deerflow_web.web import health
-    from deerflow_web.web import pages
-    from deerflow_web.web import threads_api
-    from deerflow_web.web import tus
+    from deerflow_web.web.api import docs as api_docs
+    from deerflow_web.web.api import health
+    from deerflow_web.web.api import threads as threads_api
+    from deerflow_web.web.api import tus
+    from deerflow_web.web.api import uploads as api
+    from deerflow_web.web.chat import preview as chat
+    from deerflow_web.web.files import pages
 
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
     csrf.exempt(tus.bp)  # nested in the API; Flask-WTF looks each blueprint up by itself
@@ -99,16 +99,17 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(pages.bp)
     app.register_blueprint(chat.bp)
     if settings.auth.enabled:
-        from deerflow_web.web import account_pages
-        from deerflow_web.web import auth_api
+        from deerflow_web.web.accounts import api as auth_api
+        from deerflow_web.web.accounts import pages as account_pages
 
-        csrf.exempt(auth_api.bp)  # cookie requests carry X-CSRF-Token instead (web/auth.py)
+        # Cookie requests carry X-CSRF-Token instead (web/accounts/gate.py).
+        csrf.exempt(auth_api.bp)
         csrf.exempt(auth_api.admin_bp)
         app.register_blueprint(auth_api.bp)
         app.register_blueprint(auth_api.admin_bp)
         app.register_blueprint(account_pages.bp)
     else:
-        from deerflow_web.web.auth_api import single_user_bp
+        from deerflow_web.web.accounts.api import single_user_bp
 
         app.register_blueprint(single_user_bp)  # DeerFlow's UI asks these on every page
     app.register_blueprint(api_docs.bp)

@@ -71,8 +71,8 @@ from deerflow_web.errors import WeakPassword
 from deerflow_web.errors import WrongPassword
 from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.database import is_unavailable
-from deerflow_web.web.request_body import BodyTooSlow
-from deerflow_web.web.request_body import timed_out
+from deerflow_web.web.transport.request_body import BodyTooSlow
+from deerflow_web.web.transport.request_body import timed_out
 
 logger = logging.getLogger(__name__)
 

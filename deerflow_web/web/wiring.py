@@ -142,8 +142,8 @@ def current_user_id() -> str | None:
     The signed-in account's id with accounts on (its per-user layout); None with accounts
     off, which selects the flat single-user layout of the first release.
     """
-    from deerflow_web.web.auth import auth_enabled
-    from deerflow_web.web.auth import signed_in
+    from deerflow_web.web.accounts.gate import auth_enabled
+    from deerflow_web.web.accounts.gate import signed_in
 
     if not auth_enabled():
         return None

@@ -15,7 +15,7 @@ from playwright.sync_api import Page
 from deerflow_web.models import IncomingFile
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.web.wiring import EXTENSION_KEY
-from tests.conftest import AUTH_ON
+from tests.helpers import AUTH_ON
 
 SCREENSHOTS: list[tuple[str, Path]] = []
 

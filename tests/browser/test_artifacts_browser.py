@@ -35,7 +35,7 @@ from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.browser.helpers import gradient_png
 from tests.browser.helpers import sign_in
-from tests.documents import make_pdf
+from tests.support.documents import make_pdf
 
 pytestmark = pytest.mark.browser
 

@@ -16,7 +16,7 @@ from tests.browser.helpers import Watched
 from tests.browser.test_browser_uploads import RECORD_PROGRESS
 from tests.browser.test_browser_uploads import intermediate_progress
 from tests.browser.test_browser_uploads import throttle_uploads
-from tests.conftest import needs_auth
+from tests.helpers import needs_auth
 
 pytestmark = [pytest.mark.browser, needs_auth]
 

@@ -263,8 +263,8 @@ def test_page_polls_while_a_conversion_runs(page: Watched, live: LiveServer) -> 
 def test_convert_button_shows_the_companion_or_the_error(
     page: Watched, live: LiveServer, tmp_path: Path
 ) -> None:
-    from tests.documents import make_corrupt_pdf
-    from tests.documents import make_docx
+    from tests.support.documents import make_corrupt_pdf
+    from tests.support.documents import make_docx
 
     live.seed(
         THREAD,

@@ -24,8 +24,8 @@ from tests.browser.helpers import Watched
 from tests.browser.helpers import create_account
 from tests.browser.helpers import sign_in
 from tests.browser.helpers import skip_unless_accounts_can_run
-from tests.conftest import uploads_dir
-from tests.live_server import start_server
+from tests.helpers import uploads_dir
+from tests.support.live_server import start_server
 
 pytestmark = pytest.mark.browser
 

@@ -12,7 +12,7 @@ from tests.browser.helpers import ACCOUNTS
 from tests.browser.helpers import SINGLE_USER
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
-from tests.documents import make_docx
+from tests.support.documents import make_docx
 
 pytestmark = pytest.mark.browser
 

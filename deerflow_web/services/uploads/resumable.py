@@ -71,7 +71,7 @@ _METADATA_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 class ChunkSource(Protocol):
-    """A request body read into the caller's buffer (see web/request_body.py)."""
+    """A request body read into the caller's buffer (see web/transport/request_body.py)."""
 
     def readinto(self, buffer: memoryview) -> int:
         """Fill the start of `buffer`; return the count, 0 only once the body has ended."""

@@ -1,0 +1,1 @@
+"""Accounts: the gate every request passes, DeerFlow's auth API, the account pages and forms."""

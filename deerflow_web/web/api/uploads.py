@@ -1,0 +1,248 @@
+"""The JSON API, wire-compatible with DeerFlow's gateway (SPEC 2): thin views over services."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import quote
+
+from flask import Blueprint
+from flask import Response
+from flask import request
+from flask import send_file
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import BadRequest
+from werkzeug.exceptions import RequestedRangeNotSatisfiable
+from werkzeug.http import parse_range_header
+from werkzeug.routing import PathConverter
+
+from deerflow_web.errors import ArtifactNotFound
+from deerflow_web.errors import InvalidInput
+from deerflow_web.models import OnConflict
+from deerflow_web.services.files.artifact_edit import MAX_EDITABLE_BYTES
+from deerflow_web.services.files.artifact_edit import edit_artifact
+from deerflow_web.services.files.artifact_edit import parse_edit
+from deerflow_web.services.files.freshness import open_checked
+from deerflow_web.services.uploads.info import UploadInfoFormatter
+from deerflow_web.settings import parse_flag
+from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.api import threads as threads_api
+from deerflow_web.web.api import tus
+from deerflow_web.web.security import artifact_csp
+from deerflow_web.web.security import refuse_cross_site
+from deerflow_web.web.thread_access import thread_may_be_new
+from deerflow_web.web.transport.uploads import receive_uploads
+from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_services
+from deerflow_web.web.wiring import get_upload_service
+
+bp = Blueprint("api", __name__, url_prefix="/api")
+# The JSON of an edit: 2 MiB of text, escaped (`\u0001` is six bytes for one), and its frame.
+EDIT_BODY_LIMIT = 6 * MAX_EDITABLE_BYTES + 64 * 1024
+# The resumable (tus) routes and the thread records live under /api as nested blueprints,
+# so every check of this blueprint (the origin check below, and whatever guards the API)
+# covers them too.
+bp.register_blueprint(tus.bp)
+bp.register_blueprint(threads_api.bp)
+
+
+class VirtualPathConverter(PathConverter):
+    """Werkzeug's `path` that also takes a leading slash, as DeerFlow's `{path:path}` does.
+
+    So `.../artifacts//mnt/user-data/x` (a client joining the URL and a virtual path) finds
+    the file instead of no route; and a name holding a line break (names keep control
+    characters) still matches, which `.` would not.
+    """
+
+    regex = r"/?[^/][\s\S]*?"
+
+
+bp.record_once(lambda state: state.app.url_map.converters.setdefault("vpath", VirtualPathConverter))
+
+
+@bp.before_request
+def check_origin() -> None:
+    """Refuse state-changing browser requests from other sites (see web/security.py)."""
+    settings = get_services().settings
+    refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
+
+
+def _query_bool(name: str) -> bool:
+    raw = request.args.get(name)
+    if raw is None:
+        return False
+    flag = parse_flag(raw)
+    if flag is None:
+        raise InvalidInput(
+            "Input should be a valid boolean, unable to interpret input", ("query", name), raw
+        )
+    return flag
+
+
+def _formatter(thread_id: str) -> UploadInfoFormatter:
+    return UploadInfoFormatter(
+        thread_id, get_upload_service().uploads_dir(thread_id, current_user_id())
+    )
+
+
+@bp.post("/threads/<thread_id>/uploads")
+@thread_may_be_new
+def upload_files(thread_id: str) -> ResponseReturnValue:
+    """Store the request's files in the thread's uploads folder, streaming each part."""
+    validate_thread_id(thread_id)
+    accepted = receive_uploads(thread_id)
+    result, companions = accepted.result, accepted.companions
+    shape = _formatter(thread_id)
+    files = [
+        shape(
+            saved.record,
+            companion=companions.get(saved.record.filename),
+            in_upload_response=True,
+            duplicate_of=saved.duplicate_of,
+        )
+        for saved in result.files
+    ]
+    return {
+        "success": result.success,
+        "files": files,
+        "message": result.message,
+        "skipped_files": result.skipped_files,
+        "rejected_files": [
+            {"filename": rejected.filename, "reason": rejected.reason}
+            for rejected in result.rejected_files
+        ],
+    }
+
+
+@bp.get("/threads/<thread_id>/uploads/limits")
+@thread_may_be_new
+def upload_limits(thread_id: str) -> ResponseReturnValue:
+    """The limits the upload route enforces, so clients can check before sending."""
+    validate_thread_id(thread_id)
+    return get_upload_service().limits.as_dict()
+
+
+@bp.get("/threads/<thread_id>/uploads/list")
+@thread_may_be_new
+def list_uploads(thread_id: str) -> ResponseReturnValue:
+    """The thread's uploads, by name, from the records (reconciled with the folder)."""
+    records = get_upload_service().list_uploads(thread_id, current_user_id())
+    files = _formatter(thread_id).listing(records)
+    return {"files": files, "count": len(files)}
+
+
+@bp.delete("/threads/<thread_id>/uploads/<filename>")
+def delete_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+    """Delete one upload and the Markdown companion converted from it."""
+    validate_thread_id(thread_id)
+    get_upload_service().delete_upload(thread_id, filename, current_user_id())
+    return {"success": True, "message": f"Deleted {filename}"}
+
+
+@bp.post("/threads/<thread_id>/uploads/<filename>/rename")
+def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+    """Rename one upload; `new_name` and `on_conflict` come as a JSON object or form fields."""
+    validate_thread_id(thread_id)
+    # JSON when the client says so (a malformed body is 400), else form fields
+    body = request.get_json() if request.is_json else request.form
+    if not isinstance(body, Mapping):
+        raise InvalidInput("Input should be a valid dictionary", ("body",), None)
+    new_name = body.get("new_name")
+    if not isinstance(new_name, str) or not new_name:
+        raise InvalidInput("Field required", ("body", "new_name"))
+    on_conflict = OnConflict.named(body.get("on_conflict"), OnConflict.REJECT)
+    record = get_upload_service().rename_upload(
+        thread_id, filename, new_name, on_conflict=on_conflict, user_id=current_user_id()
+    )
+    info = _formatter(thread_id)(record)
+    return {"success": True, "message": f"Renamed {filename} to {record.filename}", "file": info}
+
+
+def _refuse_range(size: int) -> Response | None:
+    """400 for a Range header we cannot parse, 416 for any range of an empty file.
+
+    Werkzeug serves both as a plain 200 (or 416 for a foreign unit); SPEC 2.5 wants
+    the client told.
+    """
+    header = request.headers.get("Range")
+    if header is None:
+        return None
+    parsed = parse_range_header(header)
+    if parsed is None or parsed.units != "bytes":
+        return Response("Invalid Range header\n", 400, mimetype="text/plain")
+    if size == 0:
+        raise RequestedRangeNotSatisfiable(length=0)
+    return None
+
+
+@bp.post("/threads/<thread_id>/uploads/<filename>/convert")
+def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+    """Convert a document to Markdown now: 200 when done in time, 202 while it runs."""
+    validate_thread_id(thread_id)
+    user_id = current_user_id()
+    status = get_services().conversions.convert(thread_id, filename, user_id=user_id)
+    if status.error is not None:
+        raise status.error
+    info = _formatter(thread_id)(status.record, companion=status.companion)
+    return info, 200 if status.finished else 202
+
+
+@bp.get("/threads/<thread_id>/artifacts/<vpath:virtual_path>")
+def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
+    """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
+    validate_thread_id(thread_id)
+    download = _query_bool("download")
+    uploads, user_id = get_upload_service(), current_user_id()
+    artifact = uploads.resolve_artifact(thread_id, virtual_path, user_id)
+    if (refusal := _refuse_range(artifact.size)) is not None:
+        return refusal
+    attachment = artifact.as_attachment(download)
+    try:  # the bytes sent are those of this open file, its ETag checked against them
+        checked = open_checked(uploads, thread_id, artifact.path, user_id)
+    except OSError:
+        raise ArtifactNotFound(virtual_path.lstrip("/")) from None
+    response = send_file(
+        checked.file,
+        mimetype=artifact.response_type(attachment),
+        conditional=False,  # below, with the size of the open file
+        as_attachment=attachment,
+        download_name=quote(artifact.name, safe=""),  # replaced below; a name may hold CR or LF
+        etag=checked.etag,
+        last_modified=checked.facts.mtime_ns / 1e9,
+    )
+    response.content_length = checked.facts.size
+    try:
+        response = response.make_conditional(
+            request, accept_ranges=True, complete_length=checked.facts.size
+        )
+    except RequestedRangeNotSatisfiable:
+        checked.file.close()
+        raise
+    kind = "attachment" if attachment else "inline"
+    response.headers["Content-Disposition"] = (
+        f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"
+    )
+    response.headers["Content-Security-Policy"] = artifact_csp(
+        None if attachment else artifact.presentation
+    )
+    return response
+
+
+@bp.put("/threads/<thread_id>/artifacts/<vpath:virtual_path>")
+def edit_artifact_content(thread_id: str, virtual_path: str) -> ResponseReturnValue:
+    """Replace a text file under outputs/ if it is still the version the editor opened."""
+    validate_thread_id(thread_id)
+    request.max_content_length = EDIT_BODY_LIMIT  # the JSON is read whole: bound it first
+    try:
+        body = request.get_json(force=True)
+    except BadRequest:
+        body = None  # malformed JSON: the same 400 as a body of the wrong shape
+    content, expected_sha256 = parse_edit(body)
+    edited = edit_artifact(
+        get_upload_service().paths,
+        thread_id,
+        virtual_path,
+        content,
+        expected_sha256,
+        current_user_id(),
+    )
+    return edited.as_dict()

@@ -1,0 +1,1 @@
+"""The chat preview page: what the model would receive for a message, and its forms."""

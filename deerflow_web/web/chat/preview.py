@@ -1,0 +1,175 @@
+"""The chat preview page: what the model would receive for a message in this thread.
+
+A person composes a message, attaches files of the thread (or uploads new ones inline)
+and picks the injection mode; the page shows the final message content, the state the
+uploads middleware writes and what `list_uploaded_files` returns now, turn after turn.
+The answers come from `services/prompt/chat_preview.py`, which runs the functions the LangChain
+side runs; this module never imports the agent package (STYLE, import direction).
+Everything works without JavaScript (post, redirect, get).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from flask import Blueprint
+from flask import flash
+from flask import redirect
+from flask import render_template
+from flask import request
+from flask import url_for
+from flask.typing import ResponseReturnValue
+from flask_babel import ngettext
+
+from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.models import UploadRecord
+from deerflow_web.services.files.listing import build_listing
+from deerflow_web.services.prompt.chat_preview import PreviewTurn
+from deerflow_web.services.prompt.tool_preview import ToolPreview
+from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.chat.forms import ChatPreviewForm
+from deerflow_web.web.chat.forms import ChatUploadForm
+from deerflow_web.web.chat.forms import ToolPreviewForm
+from deerflow_web.web.extensions import csrf
+from deerflow_web.web.files.forms import CsrfOnlyForm
+from deerflow_web.web.thread_access import thread_may_be_new
+from deerflow_web.web.transport.uploads import save_form_files
+from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_chat_preview_service
+from deerflow_web.web.wiring import get_services
+from deerflow_web.web.wiring import get_tool_preview_service
+from deerflow_web.web.wiring import get_upload_service
+
+bp = Blueprint("chat", __name__)
+
+
+@bp.app_template_filter("pretty_json")
+def pretty_json(value: Any) -> str:
+    """Indented JSON with non-ASCII kept readable (Jinja escapes it for HTML)."""
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _back(thread_id: str, **args: Any) -> ResponseReturnValue:
+    return redirect(url_for("chat.chat_preview", thread_id=thread_id, **args))
+
+
+def _selected(turns: Sequence[PreviewTurn], turn_id: int | None) -> int | None:
+    """The index of the turn to show: the one asked for, else the latest."""
+    for index, turn in enumerate(turns):
+        if turn.turn_id == turn_id:
+            return index
+    return len(turns) - 1 if turns else None
+
+
+def _tool_form(records: Sequence[UploadRecord], form: ToolPreviewForm | None) -> ToolPreviewForm:
+    """The tools panel's form, offering the thread's uploads and the whole folder."""
+    form = form or ToolPreviewForm(formdata=None)
+    form.path.choices = [(record.virtual_path, record.filename) for record in records]
+    form.path.choices.append((VIRTUAL_UPLOADS_DIR, f"{VIRTUAL_UPLOADS_DIR}/"))
+    return form
+
+
+def _render(
+    thread_id: str,
+    form: ChatPreviewForm,
+    turns: list[PreviewTurn],
+    status: int = 200,
+    *,
+    tool_form: ToolPreviewForm | None = None,
+    tool_preview: ToolPreview | None = None,
+) -> ResponseReturnValue:
+    records = get_upload_service().list_uploads(thread_id, current_user_id())
+    index = _selected(turns, request.args.get("turn", type=int))
+    page = render_template(
+        "pages/chat_preview.html",
+        thread_id=thread_id,
+        form=form,
+        upload_form=ChatUploadForm(formdata=None),
+        clear_form=CsrfOnlyForm(formdata=None),
+        tool_form=_tool_form(records, tool_form),
+        tool_preview=tool_preview,
+        groups=build_listing(records).groups,
+        turns=turns,
+        index=index,
+        selected=turns[index] if index is not None else None,
+    )
+    return page, status
+
+
+@bp.get("/threads/<thread_id>/chat")
+@thread_may_be_new
+def chat_preview(thread_id: str) -> ResponseReturnValue:
+    """Show the compose form, the selected turn's result and the history of turns."""
+    validate_thread_id(thread_id)
+    turns = get_chat_preview_service().history(thread_id, current_user_id())
+    form = ChatPreviewForm(
+        formdata=None,
+        mode=turns[-1].mode if turns else "current",  # stepping through a mode is the usual
+        attach=request.args.getlist("attach"),
+    )
+    return _render(thread_id, form, turns)
+
+
+@bp.post("/threads/<thread_id>/chat")
+@thread_may_be_new
+def preview_message(thread_id: str) -> ResponseReturnValue:
+    """Preview the composed message as the next turn, then show it; a first turn in a
+    thread the caller does not have yet makes it theirs, as a first upload does."""
+    validate_thread_id(thread_id)
+    form = ChatPreviewForm()
+    service = get_chat_preview_service()
+    if not form.validate_on_submit():
+        # Render instead of redirecting, so what the person typed is not lost.
+        return _render(thread_id, form, service.history(thread_id, current_user_id()), 422)
+    # Browsers send a textarea's line breaks as CRLF; a chat client sends "\n".
+    text = (form.message.data or "").replace("\r\n", "\n")
+    attached = [name for name in form.attach.data or [] if name]
+    turn = service.preview(thread_id, text, attached, form.mode.data, current_user_id())
+    get_services().threads.create(current_user_id(), thread_id)  # after it succeeded
+    return _back(thread_id, turn=turn.turn_id, _anchor="result")
+
+
+@bp.post("/threads/<thread_id>/chat/tools")
+@thread_may_be_new
+def preview_tool(thread_id: str) -> ResponseReturnValue:
+    """Show what `read_file` or `grep` returns to the model for the chosen file."""
+    validate_thread_id(thread_id)
+    user_id = current_user_id()
+    turns = get_chat_preview_service().history(thread_id, user_id)
+    compose = ChatPreviewForm(formdata=None, mode=turns[-1].mode if turns else "current")
+    form = ToolPreviewForm()
+    if not form.validate_on_submit():
+        return _render(thread_id, compose, turns, 422, tool_form=form)
+    service = get_tool_preview_service()
+    path = form.path.data or VIRTUAL_UPLOADS_DIR
+    if form.tool.data == "grep":
+        preview = service.grep(thread_id, form.pattern.data or "", path, user_id=user_id)
+    else:
+        preview = service.read_file(
+            thread_id, path, form.start_line.data, form.end_line.data, user_id=user_id
+        )
+    return _render(thread_id, compose, turns, tool_form=form, tool_preview=preview)
+
+
+@bp.post("/threads/<thread_id>/chat/upload")
+@thread_may_be_new
+@csrf.exempt  # save_form_files checks the token itself, without spooling the files
+def upload_files(thread_id: str) -> ResponseReturnValue:
+    """Store new files in the thread and come back with them attached to the message."""
+    validate_thread_id(thread_id)
+    return _back(thread_id, attach=save_form_files(thread_id))
+
+
+@bp.post("/threads/<thread_id>/chat/clear")
+def clear_history(thread_id: str) -> ResponseReturnValue:
+    """Forget the thread's previewed turns (the uploads stay)."""
+    validate_thread_id(thread_id)
+    if CsrfOnlyForm().validate_on_submit():
+        count = get_chat_preview_service().clear(thread_id, current_user_id())
+        flash(
+            ngettext("Cleared %(num)d previewed turn.", "Cleared %(num)d previewed turns.", count),
+            "success",
+        )
+    return _back(thread_id)

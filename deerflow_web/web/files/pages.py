@@ -1,0 +1,411 @@
+"""Server-rendered pages for people: the threads index, the file manager and previews.
+
+Every page works without JavaScript (forms post, the server redirects back with a flash
+message); `static/upload.js` and `static/files.js` only make the same actions smoother.
+Views unwrap the request, call a service and render; the rules live in the services.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from urllib.parse import urlsplit
+
+from flask import Blueprint
+from flask import abort
+from flask import flash
+from flask import redirect
+from flask import render_template
+from flask import request
+from flask import url_for
+from flask.typing import ResponseReturnValue
+from flask_babel import gettext as _
+from flask_babel import ngettext
+from markupsafe import Markup
+
+from deerflow_web.errors import DeerFlowError
+from deerflow_web.errors import InvalidThreadId
+from deerflow_web.errors import UploadNotFound
+from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import Area
+from deerflow_web.models import OnConflict
+from deerflow_web.services.files.artifact_edit import open_for_edit
+from deerflow_web.services.files.artifacts import Presentation
+from deerflow_web.services.files.browse import BROWSABLE_AREAS
+from deerflow_web.services.files.browse import list_area
+from deerflow_web.services.files.list_query import ListQuery
+from deerflow_web.services.files.listing import SortKey
+from deerflow_web.services.files.listing import build_listing
+from deerflow_web.services.files.markdown_render import MAX_RENDER_BYTES
+from deerflow_web.services.files.preview import PREVIEW_BYTES
+from deerflow_web.services.files.preview import build_preview
+from deerflow_web.services.prompt.outline import upload_outline
+from deerflow_web.services.threads.catalog import clean_title
+from deerflow_web.services.threads.overview import list_threads
+from deerflow_web.services.uploads.bulk_delete import delete_uploads
+from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web import helpers
+from deerflow_web.web.errors import status_for
+from deerflow_web.web.extensions import csrf
+from deerflow_web.web.files.forms import ConvertForm
+from deerflow_web.web.files.forms import DeleteForm
+from deerflow_web.web.files.forms import DeleteThreadForm
+from deerflow_web.web.files.forms import RenameForm
+from deerflow_web.web.files.forms import ThreadTitleForm
+from deerflow_web.web.files.forms import UploadForm
+from deerflow_web.web.i18n import LANG_COOKIE
+from deerflow_web.web.i18n import LANGUAGES
+from deerflow_web.web.messages import describe_error
+from deerflow_web.web.thread_access import thread_may_be_new
+from deerflow_web.web.transport.uploads import flash_form_errors
+from deerflow_web.web.transport.uploads import save_form_files
+from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_services
+from deerflow_web.web.wiring import get_upload_service
+
+bp = Blueprint("pages", __name__)
+
+LANG_COOKIE_AGE = 365 * 24 * 3600
+
+
+def _back_to_thread(thread_id: str) -> ResponseReturnValue:
+    """Post/redirect/get: every form of the file manager lands back on the list."""
+    return redirect(url_for("pages.thread_files", thread_id=thread_id))
+
+
+@bp.get("/")
+def index() -> str:
+    """List the caller's threads, newest change first, with their titles; `q` searches
+    titles and ids."""
+    query = request.args.get("q", "").strip()
+    threads = list_threads(
+        get_services().threads, get_upload_service().records, current_user_id(), query=query
+    )
+    return render_template(
+        "pages/index.html", threads=threads, query=query, new_form=ThreadTitleForm(formdata=None)
+    )
+
+
+@bp.post("/threads")
+def new_thread() -> ResponseReturnValue:
+    """Start a thread with a fresh id and the title asked for, and open it."""
+    form = ThreadTitleForm()
+    if not form.validate_on_submit():
+        flash_form_errors(form)
+        return redirect(url_for("pages.index"))
+    try:
+        title = clean_title(form.title.data, ("form", "title"))
+    except DeerFlowError as error:
+        flash(describe_error(error, get_upload_service().limits), "error")
+        return redirect(url_for("pages.index"))
+    record, _created = get_services().threads.create(current_user_id(), title=title)
+    flash(_("New thread created. Upload files to get started."), "success")
+    return _back_to_thread(record.thread_id)
+
+
+@bp.post("/threads/<thread_id>/title")
+def rename_thread(thread_id: str) -> ResponseReturnValue:
+    """Change the thread's title (an empty one removes it)."""
+    form = ThreadTitleForm()
+    if not form.validate_on_submit():
+        flash_form_errors(form)
+        return _back_to_thread(thread_id)
+    try:
+        title = clean_title(form.title.data, ("form", "title"))
+        get_services().threads.update(current_user_id(), thread_id, title=title, set_title=True)
+    except DeerFlowError as error:
+        flash(describe_error(error, get_upload_service().limits), "error")
+        return _back_to_thread(thread_id)
+    flash(_("Title saved.") if title else _("Title removed."), "success")
+    return _back_to_thread(thread_id)
+
+
+@bp.get("/threads/<thread_id>/delete-thread")
+def confirm_delete_thread(thread_id: str) -> str:
+    """Ask before deleting a whole thread (the index's Delete link lands here)."""
+    thread = get_services().threads.get(current_user_id(), thread_id)
+    return render_template(
+        "pages/confirm_delete_thread.html",
+        thread_id=thread_id,
+        thread=thread,
+        form=DeleteThreadForm(formdata=None),
+    )
+
+
+@bp.post("/threads/<thread_id>/delete-thread")
+def delete_thread(thread_id: str) -> ResponseReturnValue:
+    """Delete the thread with all its files once confirmed; otherwise ask first."""
+    form = DeleteThreadForm()
+    if not form.validate_on_submit() or form.confirmed.data != "yes":
+        return redirect(url_for("pages.confirm_delete_thread", thread_id=thread_id))
+    get_services().threads.delete(current_user_id(), thread_id)
+    flash(_("Deleted thread %(id)s and all its files.", id=thread_id), "success")
+    return redirect(url_for("pages.index"))
+
+
+@bp.get("/open")
+def open_thread() -> ResponseReturnValue:
+    """Open a thread by the id a person typed (the index's form sends it here)."""
+    thread_id = request.args.get("thread_id", "").strip()
+    try:
+        validate_thread_id(thread_id)
+    except InvalidThreadId:
+        flash(_("Thread ids use 1-64 letters, digits, hyphens or underscores."), "error")
+        return redirect(url_for("pages.index"))
+    return _back_to_thread(thread_id)
+
+
+@bp.get("/threads/<thread_id>")
+@thread_may_be_new
+def thread_files(thread_id: str) -> str:
+    """The file manager: upload form, the uploads list and the area tabs."""
+    validate_thread_id(thread_id)
+    service = get_upload_service()
+    query = ListQuery.from_args(request.args)
+    records = service.list_uploads(thread_id, current_user_id())
+    listing = build_listing(
+        records,
+        query=query.q,
+        kind=query.kind,
+        sort=query.sort,
+        descending=query.descending,
+        page=query.page,
+    )
+    return render_template(
+        "pages/thread_files.html",
+        thread_id=thread_id,
+        thread=get_services().threads.find(current_user_id(), thread_id),
+        title_form=ThreadTitleForm(formdata=None),
+        area=Area.UPLOADS,
+        listing=listing,
+        query=query,
+        sort_keys=list(SortKey),
+        limits=service.limits,
+        resumable_threshold=get_services().settings.resumable.threshold_bytes,
+        upload_form=UploadForm(),
+        delete_form=DeleteForm(),
+        rename_form=RenameForm(),
+    )
+
+
+@bp.post("/threads/<thread_id>/upload")
+@thread_may_be_new
+@csrf.exempt  # save_form_files checks the token itself, without spooling the files
+def upload_files(thread_id: str) -> ResponseReturnValue:
+    """Store the form's files (the no-JavaScript path; scripts use the JSON API)."""
+    validate_thread_id(thread_id)
+    save_form_files(thread_id)
+    return _back_to_thread(thread_id)
+
+
+@bp.get("/threads/<thread_id>/delete")
+def confirm_delete(thread_id: str) -> str:
+    """Ask before deleting the named files (a row's Delete link lands here)."""
+    validate_thread_id(thread_id)
+    filenames = [name for name in request.args.getlist("filenames") if name]
+    if not filenames:
+        abort(400, _("No file was named."))
+    return render_template(
+        "pages/confirm_delete.html", thread_id=thread_id, filenames=filenames, form=DeleteForm()
+    )
+
+
+@bp.post("/threads/<thread_id>/delete")
+def delete_files(thread_id: str) -> ResponseReturnValue:
+    """Delete the selected files once confirmed; an unconfirmed post shows what it would do."""
+    validate_thread_id(thread_id)
+    form = DeleteForm()
+    filenames = [name for name in form.filenames.data or [] if name]
+    if not filenames:
+        flash(_("Select at least one file to delete."), "error")
+        return _back_to_thread(thread_id)
+    if form.confirmed.data != "yes":
+        return render_template(
+            "pages/confirm_delete.html", thread_id=thread_id, filenames=filenames, form=form
+        )
+    service = get_upload_service()
+    result = delete_uploads(service, thread_id, filenames, current_user_id())
+    if result.deleted:
+        flash(
+            ngettext(
+                "Deleted %(num)d file: %(names)s",
+                "Deleted %(num)d files: %(names)s",
+                len(result.deleted),
+                names=", ".join(result.deleted),
+            ),
+            "success",
+        )
+    for _name, error in result.failed:
+        flash(describe_error(error, service.limits), "error")
+    return _back_to_thread(thread_id)
+
+
+@bp.post("/threads/<thread_id>/convert")
+def convert_file(thread_id: str) -> ResponseReturnValue:
+    """Convert a document to Markdown (the Convert button's path without JavaScript)."""
+    validate_thread_id(thread_id)
+    form = ConvertForm()
+    if not form.validate_on_submit():
+        flash_form_errors(form)
+        return _back_to_thread(thread_id)
+    name = form.filename.data
+    try:
+        status = get_services().conversions.convert(thread_id, name, user_id=current_user_id())
+    except DeerFlowError as error:
+        flash(describe_error(error, get_upload_service().limits), "error")
+        return _back_to_thread(thread_id)
+    if status.error is not None:
+        flash(
+            _("Could not convert %(name)s: %(detail)s", name=name, detail=str(status.error)),
+            "error",
+        )
+    elif status.finished and status.companion is not None:
+        flash(
+            _("Converted %(name)s to %(markdown)s.", name=name, markdown=status.companion.filename),
+            "success",
+        )
+    else:
+        flash(
+            _("Converting %(name)s. Reload the page to see when it is done.", name=name), "success"
+        )
+    return _back_to_thread(thread_id)
+
+
+@bp.get("/threads/<thread_id>/rename")
+def rename_form(thread_id: str) -> str:
+    """Ask for a file's new name (a row's Rename link lands here)."""
+    validate_thread_id(thread_id)
+    filename = request.args.get("filename", "")
+    record = get_upload_service().get_upload(thread_id, filename, current_user_id())
+    form = RenameForm(filename=record.filename, new_name=record.filename)
+    return render_template("pages/rename.html", thread_id=thread_id, form=form, error=None)
+
+
+@bp.post("/threads/<thread_id>/rename")
+def rename_file(thread_id: str) -> ResponseReturnValue:
+    """Rename one upload; a taken name asks again with the choice of what to do."""
+    validate_thread_id(thread_id)
+    form = RenameForm()
+    service = get_upload_service()
+    error_text = None
+    status = 422  # the form itself was incomplete
+    if form.validate_on_submit():
+        try:
+            record = service.rename_upload(
+                thread_id,
+                form.filename.data,
+                form.new_name.data,
+                on_conflict=OnConflict(form.on_conflict.data),
+                user_id=current_user_id(),
+            )
+        except DeerFlowError as error:
+            error_text = describe_error(error, service.limits)
+            status = status_for(error)
+            if isinstance(error, UploadNotFound):
+                flash(error_text, "error")
+                return _back_to_thread(thread_id)
+        else:
+            flash(
+                _("Renamed “%(old)s” to “%(new)s”.", old=form.filename.data, new=record.filename),
+                "success",
+            )
+            return _back_to_thread(thread_id)
+    return (
+        render_template("pages/rename.html", thread_id=thread_id, form=form, error=error_text),
+        status,
+    )
+
+
+@bp.get("/threads/<thread_id>/browse/<area>", defaults={"folder": ""})
+@bp.get("/threads/<thread_id>/browse/<area>/<path:folder>")
+@thread_may_be_new
+def browse_area(thread_id: str, area: str, folder: str) -> ResponseReturnValue:
+    """Read-only view of what the agent wrote to outputs/ or workspace/."""
+    validate_thread_id(thread_id)
+    if area == Area.UPLOADS:
+        return _back_to_thread(thread_id)
+    if area not in BROWSABLE_AREAS:
+        abort(404)
+    listing = list_area(
+        get_upload_service().paths, thread_id, Area(area), folder, current_user_id()
+    )
+    return render_template(
+        "pages/browse.html",
+        thread_id=thread_id,
+        thread=get_services().threads.find(current_user_id(), thread_id),
+        title_form=ThreadTitleForm(formdata=None),
+        area=Area(area),
+        listing=listing,
+    )
+
+
+def _image_url(thread_id: str, user_data_path: str) -> str | None:
+    """A same-origin URL for an image a Markdown file shows, if it is one of the thread's."""
+    try:
+        artifact = get_upload_service().resolve_artifact(
+            thread_id, f"{VIRTUAL_PATH_PREFIX}/{user_data_path}", current_user_id()
+        )
+    except DeerFlowError:
+        return None
+    if artifact.presentation is not Presentation.IMAGE:
+        return None
+    return helpers.artifact_href(thread_id, user_data_path)
+
+
+@bp.get("/threads/<thread_id>/files/<path:path>")
+def preview_file(thread_id: str, path: str) -> str:
+    """Show one file of the thread: rendered, as text, as media, or as a download card."""
+    validate_thread_id(thread_id)
+    service = get_upload_service()
+    user_id = current_user_id()
+    artifact_virtual = f"{VIRTUAL_PATH_PREFIX}/{path}"
+    artifact = service.resolve_artifact(thread_id, artifact_virtual, user_id)
+    preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread_id))
+    area, _sep, rest = path.partition("/")
+    record, outline_source, outline = None, None, []
+    if area == Area.UPLOADS and "/" not in rest:
+        records = service.list_uploads(thread_id, user_id)
+        record = next((r for r in records if r.filename == rest), None)
+        if record is not None:
+            folder = service.uploads_dir(thread_id, user_id)
+            outline_source, outline = upload_outline(folder, record, records)
+    return render_template(
+        "pages/preview.html",
+        thread_id=thread_id,
+        path=path,
+        area=area if area in set(Area) else None,
+        folder=rest.rpartition("/")[0],
+        preview=preview,
+        rendered=Markup(preview.html),  # markdown_render's output: sanitised by construction
+        show_source=request.args.get("view") == "source",
+        record=record,
+        outline=[entry for entry in outline if "title" in entry],
+        outline_truncated=any(entry.get("truncated") for entry in outline),
+        outline_source=outline_source,
+        preview_limit=PREVIEW_BYTES,
+        render_limit=MAX_RENDER_BYTES,
+        editor=open_for_edit(service.paths, thread_id, artifact_virtual, user_id)
+        if area == Area.OUTPUTS
+        else None,
+    )
+
+
+def _safe_next(target: str | None) -> str:
+    """A same-site path to return to; anything else (another host, `//x`) goes home."""
+    if not target:
+        return url_for("pages.index")
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return url_for("pages.index")
+    if "\\" in target:
+        return url_for("pages.index")
+    return target
+
+
+@bp.get("/language/<code>")
+def set_language(code: str) -> ResponseReturnValue:
+    """Remember the chosen language in a cookie and go back to the page it was chosen on."""
+    if code not in LANGUAGES:
+        abort(404)
+    response = redirect(_safe_next(request.args.get("next")))
+    response.set_cookie(LANG_COOKIE, code, max_age=LANG_COOKIE_AGE, samesite="Lax", httponly=True)
+    return response

@@ -1,0 +1,1 @@
+"""How bytes arrive: the gevent worker, the request body, the multipart stream, the upload entry."""

@@ -1,0 +1,155 @@
+"""The one upload entry point of the web layer: read a request's multipart body as it
+streams in and hand its files to the upload intake (save, then automatic conversion).
+
+The JSON API calls `receive_uploads`; the file manager's and the chat preview's forms call
+`save_form_files`, which runs the same two steps (`open_upload_request`, `accept_uploads`)
+with the CSRF check in between and reports in flash messages.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from collections.abc import Mapping
+
+from flask import current_app
+from flask import flash
+from flask import request
+from flask_babel import gettext as _
+from flask_babel import ngettext
+from flask_wtf import FlaskForm
+from werkzeug.datastructures import ImmutableMultiDict
+
+from deerflow_web.errors import InvalidOption
+from deerflow_web.errors import MissingFilesField
+from deerflow_web.errors import UploadError
+from deerflow_web.models import IncomingFile
+from deerflow_web.models import OnConflict
+from deerflow_web.services.uploads.intake import AcceptedUploads
+from deerflow_web.web.extensions import csrf
+from deerflow_web.web.messages import describe_error
+from deerflow_web.web.transport.multipart import multipart_reader
+from deerflow_web.web.transport.multipart import upload_body_limit
+from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_services
+
+
+class NoFileChosen(Exception):
+    """A form was posted without a file: no `files` part, or one nameless part."""
+
+
+def receive_uploads(thread_id: str) -> AcceptedUploads:
+    """Read the request's files and save them; convert them when the settings say so.
+
+    Raises:
+        MissingFilesField: the body has no `files` part.
+        UploadError, InvalidOption: nothing was written.
+    """
+    fields, files = open_upload_request()
+    return accept_uploads(thread_id, fields, files)
+
+
+def open_upload_request(
+    *, from_form: bool = False
+) -> tuple[Mapping[str, str], Iterator[IncomingFile]]:
+    """Read the body up to its first file; return the fields sent before it and the files.
+
+    A form's CSRF token is checked on those fields, so before a byte of any file is
+    written, and even when the body has no file. Errors raised here come before the token
+    could be checked.
+
+    Raises:
+        MissingFilesField: the body has no `files` part.
+        NoFileChosen: (forms) the file input was empty.
+    """
+    fields: Mapping[str, str] = {}
+    try:
+        reader = multipart_reader(request, _body_limit())
+        fields = reader.fields  # filled as the body is read
+        parts = iter(reader)
+        first = next(parts)
+    except MissingFilesField:
+        if from_form:
+            _check_form_fields(fields)
+        raise
+    if from_form:
+        _check_form_fields(fields)
+        if not first.filename:  # an empty file input sends one nameless part
+            raise NoFileChosen
+    return fields, itertools.chain([first], parts)
+
+
+def accept_uploads(
+    thread_id: str, fields: Mapping[str, str], files: Iterator[IncomingFile]
+) -> AcceptedUploads:
+    """Stream `files` into the upload intake; `on_conflict` from the query or the fields."""
+    field = OnConflict.named(fields.get("on_conflict"), OnConflict.REPLACE)
+    on_conflict = OnConflict.named(request.args.get("on_conflict"), field)  # the query wins
+    return get_services().intake.accept(
+        thread_id, files, on_conflict=on_conflict, user_id=current_user_id()
+    )
+
+
+def flash_form_errors(form: FlaskForm) -> None:
+    """Every validation message of a form, as error flashes."""
+    for errors in form.errors.values():
+        for message in errors:
+            flash(str(message), "error")
+
+
+def save_form_files(thread_id: str) -> list[str]:
+    """Store the files of an upload form as they stream in; return the names stored (none
+    on any failure).
+
+    Werkzeug's form parser would first spool every file to a temporary file for the upload
+    service to copy again, and CSRFProtect runs that parser to find the token. So the
+    upload views are exempt from CSRFProtect and read the body with the API's streaming
+    reader: the templates put the token and the conflict choice before the file input, so
+    the token is checked before a byte of any file is written. A post whose token comes
+    only after its files is refused as one without a token. Errors found before the token
+    could be checked answer with an error page, not a flash, so a cross-site post cannot
+    even leave a message in the person's session.
+    """
+    try:
+        fields, files = open_upload_request(from_form=True)
+    except (MissingFilesField, NoFileChosen):
+        flash(_("Choose a file."), "error")
+        return []
+    try:
+        accepted = accept_uploads(thread_id, fields, files)
+    except (UploadError, InvalidOption) as error:
+        flash(describe_error(error, get_services().uploads.limits), "error")
+        return []
+    result = accepted.result
+    count = len(result.files)
+    flash(ngettext("Uploaded %(num)d file.", "Uploaded %(num)d files.", count), "success")
+    if result.skipped_files:
+        names = ", ".join(result.skipped_files)
+        flash(_("Skipped because the name is unsafe: %(names)s", names=names), "error")
+    for rejected in result.rejected_files:  # the page escapes controls in the name
+        flash(
+            _(
+                "Not uploaded: “%(name)s”. %(reason)s.",
+                name=rejected.filename,
+                reason=rejected.reason,
+            ),
+            "error",
+        )
+    return [saved.record.filename for saved in result.files]
+
+
+def _check_form_fields(fields: Mapping[str, str]) -> None:
+    """Run CSRFProtect's own check on the fields sent before the files.
+
+    It looks for the token in `request.form`; setting that to these fields keeps Werkzeug
+    from parsing the rest of the body to build it. A failed check raises CSRFError (400).
+    """
+    if current_app.config["WTF_CSRF_ENABLED"]:
+        request.form = ImmutableMultiDict(fields)
+        csrf.protect()
+
+
+def _body_limit() -> int:
+    """Every byte of an upload body counts: file data, fields, part headers."""
+    limits = get_services().uploads.limits
+    return upload_body_limit(limits.max_total_size, current_app.config.get("MAX_CONTENT_LENGTH"))
