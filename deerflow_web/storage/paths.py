@@ -34,6 +34,7 @@ from deerflow_web.models import USER_ID_RE
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import ThreadRef
+from deerflow_web.models import UploadRecord
 from deerflow_web.models import validate_thread_id
 from deerflow_web.models import validate_user_id
 
@@ -395,6 +396,7 @@ class ThreadFolders:
         self._user_data_exists = False
         self._areas: dict[Area, Path] = {}
         self._existing: set[Path] = set()
+        self._records: list[UploadRecord] | None = None
 
     @property
     def thread_id(self) -> str:
@@ -481,6 +483,20 @@ class ThreadFolders:
             self._walked, self._unsafe = False, None
             self._areas.clear()
         return created
+
+    def cached_records(self) -> list[UploadRecord] | None:
+        """The thread's upload records as last listed or written through this handle; None
+        before the first listing and after a write that did not say what it left."""
+        records = self._records
+        return None if records is None else list(records)
+
+    def remember_records(self, records: list[UploadRecord]) -> None:
+        """Keep the records a listing, or a write's transaction, ended with."""
+        self._records = list(records)
+
+    def forget_records(self) -> None:
+        """A write changed the records: the next reader lists them again."""
+        self._records = None
 
     def recheck(self, path: Path) -> Path:
         """Walk to `path` again, for a write that follows a long wait (an upload's commit

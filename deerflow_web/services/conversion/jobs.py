@@ -311,7 +311,7 @@ class ConversionJobs:
         try:
             error = future.result(timeout=timeout).get(filename)
         except FutureTimeout:
-            pass
+            folders.forget_records()  # the job goes on writing: read where it stands
         return self.status(folders, filename, error=error)
 
     def convert_after_upload(self, thread: Thread, result: UploadResult) -> dict[str, UploadRecord]:
@@ -335,8 +335,8 @@ class ConversionJobs:
         try:
             future.result(timeout=self.settings.wait_seconds)
         except FutureTimeout:
-            pass
-        records = self.uploads.list_uploads(folders)
+            folders.forget_records()  # the job goes on writing: read where it stands
+        records = self.uploads.records_of(folders)
         return {r.converted_from: r for r in records if r.converted_from in names}
 
     def _start(
@@ -348,6 +348,7 @@ class ConversionJobs:
         with self._lock:
             running = self._running.get(key)
             if running is not None and not running.done():
+                folders.forget_records()  # another handle's job writes: read them afresh
                 return running
             job = _QueuedJob(folders, filenames, Future())
             with self._counting:
@@ -355,6 +356,7 @@ class ConversionJobs:
                 self._waiting += 1
                 self._active[user_id] += 1
                 self._held.update((scope, name) for name in filenames)
+            folders.forget_records()
             try:
                 if not claimed:
                     now = time.time()
@@ -458,7 +460,7 @@ class ConversionJobs:
         Raises:
             UploadNotFound: The file is gone (deleted while it was converted, say).
         """
-        records = self.uploads.list_uploads(thread)
+        records = self.uploads.records_of(thread)
         record = next((r for r in records if r.filename == filename), None)
         if record is None:
             raise UploadNotFound(filename)
@@ -494,6 +496,7 @@ class ConversionJobs:
             # A bug must still end the job, never leave it "converting".
             logger.exception("conversion of %s failed unexpectedly", filename)
             failure = ConversionError(f"Conversion of {filename} failed: {error}")
+        folders.forget_records()
         records = self.uploads.records
         self._land(
             filename,
@@ -559,6 +562,7 @@ class ConversionJobs:
         if not records.claim_conversion(scope, filename, self.owner, now, self._lease()):
             return  # our lease ran out meanwhile and another instance took the job
         self._set(scope, filename, ConversionState.CONVERTING)
+        folders.forget_records()
         # The source as it is now (an edit in place re-hashes it): the companion records
         # the SHA-256 of the bytes it was made from.
         source = checked_upload(self.uploads, folders, filename)
@@ -574,17 +578,13 @@ class ConversionJobs:
                 max_output_bytes=self.settings.max_output_bytes,
                 cpu_limit_seconds=self.settings.cpu_limit_seconds,
             )
-            if not self._land(
-                filename, lambda: self._commit(scope, folder, filename, sha256, temporary)
-            ):
+            if not self._land(filename, lambda: self._commit(folders, filename, sha256, temporary)):
                 return
         finally:
             temporary.unlink(missing_ok=True)
         logger.info("converted %s in %.1f s", filename, time.monotonic() - started)
 
-    def _commit(
-        self, scope: str, folder: Path, filename: str, sha256: str, temporary: Path
-    ) -> None:
+    def _commit(self, folders: ThreadFolders, filename: str, sha256: str, temporary: Path) -> None:
         """Put the Markdown in place under the records lock, with D8's naming rule.
 
         If the records cannot be written, the Markdown goes back to `temporary`: no
@@ -592,7 +592,7 @@ class ConversionJobs:
         """
         placed: list[Path] = []
         try:
-            self._place(scope, folder, filename, sha256, temporary, placed)
+            self._place(folders, filename, sha256, temporary, placed)
         except BaseException:
             for destination in placed:
                 os.replace(destination, temporary)
@@ -600,14 +600,16 @@ class ConversionJobs:
 
     def _place(
         self,
-        scope: str,
-        folder: Path,
+        folders: ThreadFolders,
         filename: str,
         sha256: str,
         temporary: Path,
         placed: list[Path],
     ) -> None:
-        with self.uploads.records.locked(scope) as txn:
+        folder = folders.uploads_dir()
+        folders.forget_records()
+        final: list[UploadRecord] | None = None
+        with self.uploads.records.locked(folders.scope) as txn:
             original = txn.get(filename)
             if original is None or original.record.sha256 != sha256:
                 return  # replaced or deleted while converting: the result is stale
@@ -642,6 +644,9 @@ class ConversionJobs:
                 original.record, conversion_state=ConversionState.DONE, conversion_error=None
             )
             txn.put(replace(original, record=done))
+            final = [s.record for s in txn.all()]
+        # Committed: what it left is what the caller's next read of the handle sees.
+        folders.remember_records(final)
 
     def _wait_for_other_process(
         self, folders: ThreadFolders, filename: str, wait: float
@@ -652,6 +657,7 @@ class ConversionJobs:
         scope = folders.scope
         records = self.uploads.records
         while True:
+            folders.forget_records()  # another process writes the records
             status = self.status(folders, filename)
             if status.finished or time.monotonic() >= deadline:
                 return status

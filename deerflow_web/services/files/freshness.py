@@ -146,4 +146,5 @@ def checked_record(
         # Only the file's columns: a conversion job running on it keeps its owner and lease.
         fresh = StoredRecord(record, facts.mtime_ns, facts.inode, facts.ctime_ns)
         records.update_file(scope, fresh)
+        folders.forget_records()
     return record

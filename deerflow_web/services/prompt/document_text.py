@@ -109,7 +109,7 @@ class DocumentTexts:
         return self.thread.uploads_dir()
 
     def _records(self) -> list[UploadRecord]:
-        return self.jobs.uploads.list_uploads(self.thread)
+        return self.jobs.uploads.records_of(self.thread)
 
     def companions(self) -> dict[str, str]:
         """Current companion name → its document's name, for searches that read documents."""

@@ -47,7 +47,7 @@ class ToolPreviewService:
         documents = DocumentTexts(self._jobs, folders, self._wait)
 
         def listed_upload(name: str) -> bool:
-            return any(r.filename == name for r in uploads.list_uploads(folders))
+            return any(r.filename == name for r in uploads.records_of(folders))
 
         return UserDataFiles(folders, documents, listed_upload)
 

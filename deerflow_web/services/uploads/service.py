@@ -362,6 +362,8 @@ class UploadService:
         except BaseException:
             batch.discard()
             raise
+        finally:
+            folders.forget_records()
         return UploadResult(saved, batch.skipped, batch.rejected)
 
     def commit_staged(
@@ -393,7 +395,10 @@ class UploadService:
         )
         if not batch.adopt(name, staging, sha256, content_type):
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
-        saved = self._commit(folders, batch, then)
+        try:
+            saved = self._commit(folders, batch, then)
+        finally:
+            folders.forget_records()
         if not saved:
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         return UploadResult(saved, [])
@@ -494,7 +499,9 @@ class UploadService:
             and verified[0] == signature
             and now - verified[1] < RESCAN_SECONDS
         ):
-            return [s.record for s in self.records.all(scope)]
+            records = [s.record for s in self.records.all(scope)]
+            folders.remember_records(records)
+            return records
         stored = self.records.all(scope)
         on_disk = scan_regular_files(folder, {s.record.filename: s.inode for s in stored})
         if _in_sync(on_disk, stored):
@@ -502,7 +509,16 @@ class UploadService:
         else:
             records = self._reconcile(scope, folder, on_disk, stored)
         self._remember_scan(scope, signature, now)
+        folders.remember_records(records)
         return records
+
+    def records_of(self, thread: Thread) -> list[UploadRecord]:
+        """The handle's records: listed (`list_uploads`) on first use, then as the writes
+        made through the handle left them, so a request or a tool call lists once. A bare
+        `ThreadRef` is listed afresh."""
+        folders = self.folders(thread)
+        cached = folders.cached_records()
+        return cached if cached is not None else self.list_uploads(folders)
 
     def _remember_scan(
         self, scope: str, signature: tuple[int, int, int] | None, started: float
@@ -555,7 +571,7 @@ class UploadService:
         return resolve_artifact(
             folders,
             virtual_path,
-            lambda name: any(r.filename == name for r in self.list_uploads(folders)),
+            lambda name: any(r.filename == name for r in self.records_of(folders)),
         )
 
     def get_upload(self, thread: Thread, filename: str) -> UploadRecord:
@@ -564,7 +580,7 @@ class UploadService:
         Raises:
             UploadNotFound: No regular file of that name.
         """
-        for record in self.list_uploads(thread):
+        for record in self.records_of(thread):
             if record.filename == filename:
                 return record
         raise UploadNotFound(filename)
@@ -583,6 +599,7 @@ class UploadService:
         # The bytes go first: on a full disk, deleting is how space is freed, and the
         # records' write then has room (a record left behind is dropped by the next
         # listing's reconciliation).
+        folders.forget_records()
         with self.records.locked(folders.scope) as txn:
             try:
                 (folder / filename).unlink()
@@ -644,6 +661,7 @@ class UploadService:
         # journal that cannot grow on a full disk): `commit` then moves the file back and
         # whatever it replaced back into place, so disk and records stay as they were.
         commit = AtomicCommit()
+        folders.forget_records()
         try:
             with self.records.locked(folders.scope) as txn:
                 stored = txn.get(filename)
