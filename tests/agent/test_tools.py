@@ -18,6 +18,7 @@ from deerflow_web.agent.tools import make_file_tools
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.prompt.context_block import format_omitted_summary
 from deerflow_web.storage.paths import ThreadFolders
+from deerflow_web.storage.paths import ThreadPaths
 from tests.support.agent_helpers import make_runtime
 from tests.support.agent_helpers import thread_uploads
 from tests.support.agent_helpers import write_file
@@ -729,3 +730,12 @@ def test_grep_stops_a_pattern_that_would_backtrack_for_hours(
     }
     assert "line 2 of /mnt/user-data/uploads/long.txt: that line alone" in result["message"]
     assert "simpler pattern" in result["message"]
+
+
+def test_the_tools_take_one_source_of_folders(tmp_path: Path) -> None:
+    """No "wins over" rule: a base dir and ready paths together are refused."""
+    with pytest.raises(ValueError, match="base_dir or paths"):
+        UploadTools(base_dir=tmp_path, paths=ThreadPaths(tmp_path))
+    tools = UploadTools(base_dir=tmp_path)
+    assert [t.name for t in tools.tools] == ["list_uploaded_files", "read_file", "glob", "grep"]
+    assert set(tools.by_name()) == {"list_uploaded_files", "read_file", "glob", "grep"}
