@@ -101,6 +101,26 @@ def test_one_upload_settles_its_thread_once(
     }
 
 
+def test_one_download_checks_and_walks_its_thread_once(
+    client: FlaskClient, counts: Counter[str]
+) -> None:
+    """A route for an existing thread: the ownership check and the view share the walk."""
+    sent = client.post("/api/threads/t1/uploads", data={"files": [(io.BytesIO(b"hi"), "a.txt")]})
+    assert sent.status_code == 200, sent.get_json()
+    counts.clear()
+
+    response = client.get("/api/threads/t1/artifacts/mnt/user-data/uploads/a.txt")
+
+    assert response.status_code == 200 and response.data == b"hi"
+    response.close()  # the file it streams
+    assert _report("artifact download", counts) == {
+        "validate_thread_id": 1,
+        "walks": 1,
+        "listings": 0,
+        "rechecks": 0,
+    }
+
+
 def test_one_read_of_an_unconverted_document_settles_its_thread_once(
     base_dir: Path, tmp_path: Path, counts: Counter[str]
 ) -> None:
