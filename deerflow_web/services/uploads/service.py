@@ -177,7 +177,7 @@ class _UploadBatch:
         self.rejected: list[RejectedFile] = []
         self.count = 0
         self.total = 0
-        self._created_dirs: list[Path] = []
+        self._created_dirs: list[Path] | None = None  # None: the folder is not checked yet
 
     def add(self, incoming: IncomingFile) -> None:
         """Check one part and stream it to a staging file, enforcing the limits as it goes."""
@@ -256,14 +256,17 @@ class _UploadBatch:
         item.sha256, item.content_type = staging.finish(item.name)
 
     def _ensure_folder(self) -> None:
-        if not self._created_dirs:  # created without following a link planted on the way
+        """Create the folder (never through a link) once per request, not once per part:
+        the walk was a tenth of a small file's cost. A link planted later is refused by
+        the commit's own check, under the records lock, before any rename goes through."""
+        if self._created_dirs is None:
             self._created_dirs = self._make_dirs(self.folder)  # innermost first, for rollback
 
     def discard(self) -> None:
         """Remove every staging file and any folder this request created."""
         for item in self.staged:
             item.staging.discard()
-        for folder in self._created_dirs:
+        for folder in self._created_dirs or ():
             try:
                 folder.rmdir()
             except OSError:
