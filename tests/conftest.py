@@ -32,6 +32,7 @@ from tests.helpers import prepare_test_app
 from tests.support.openapi_check import check_response
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import external_url
+from tests.support.route_builders import install as cache_route_builders
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -40,6 +41,8 @@ def _responses_fit_the_api_description() -> Iterator[None]:
     with request_finished.connected_to(check_response):
         yield
 
+
+cache_route_builders()  # apps are built per test; their URL rules compile once (see there)
 
 EXTERNAL_POSTGRES = external_url()  # read before any test clears the environment
 
