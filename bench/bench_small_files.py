@@ -291,6 +291,16 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> list[tuple[s
             median(full) <= MAX_FULL_OVER_EMPTY,
         ),
     ]
+    cpu = [
+        full_run.cpu_ms_per_file() / empty.cpu_ms_per_file()
+        for empty, full_run in zip(runs["ours"], runs["ours, full thread"], strict=True)
+        if empty.server_cpu
+    ]
+    if cpu:  # steadier than latency on a busy machine: what the server itself spent
+        print(
+            f"\nserver CPU per file, full thread / empty thread: {median(cpu):.2f}x"
+            f"  (per round: {', '.join(f'{r:.2f}' for r in cpu)})"
+        )
     print("\ngoals of issue #24, medians over the rounds, ratios taken inside each round:")
     for text, passed in checks:
         print(f"  {'PASS' if passed else 'FAIL'}  {text}")
