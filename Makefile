@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-scale bench-instances browser postgres nginx clean
+.PHONY: run test lint bench bench-small bench-scale bench-instances browser postgres nginx clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,10 @@ lint: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_uploads.py
+
+# Requests of ten 10 KB files: accounts off, on with a token, and into a 10,000-file thread.
+bench-small: $(VENV)/.test
+	$(BIN)/python bench/bench_small_files.py
 
 # Slow clients, no-regression ratios against the previous server, lists at scale.
 bench-scale: $(VENV)/.test

@@ -246,7 +246,9 @@ def _send_repeated(sock: socket.socket, size: int) -> None:
         sock.sendall(BLOCK[:rest])
 
 
-def post_files(port: int, thread_id: str, files: list[tuple[str, int]]) -> dict:
+def post_files(
+    port: int, thread_id: str, files: list[tuple[str, int]], headers: dict[str, str] | None = None
+) -> dict:
     """POST a multipart body with one `files` part per (name, size), streamed from BLOCK.
 
     The body is never assembled: part headers, payload and trailer go out piece by piece
@@ -270,6 +272,8 @@ def post_files(port: int, thread_id: str, files: list[tuple[str, int]]) -> dict:
         conn.putrequest("POST", f"/api/threads/{thread_id}/uploads", skip_accept_encoding=True)
         conn.putheader("Content-Type", f"multipart/form-data; boundary={boundary}")
         conn.putheader("Content-Length", str(length))
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
         conn.endheaders()
         for head, (_, size) in zip(heads, files, strict=True):
             conn.sock.sendall(head)
@@ -305,11 +309,13 @@ def download(port: int, thread_id: str, name: str) -> int:
     return total
 
 
-def list_uploads(port: int, thread_id: str, parse: bool = True) -> dict | None:
+def list_uploads(
+    port: int, thread_id: str, parse: bool = True, headers: dict[str, str] | None = None
+) -> dict | None:
     """GET the list over a new connection (as curl would); parse=False only reads it."""
     conn = _connect(port)
     try:
-        conn.request("GET", f"/api/threads/{thread_id}/uploads/list")
+        conn.request("GET", f"/api/threads/{thread_id}/uploads/list", headers=headers or {})
         response = conn.getresponse()
         body = response.read()
     finally:

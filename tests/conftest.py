@@ -32,6 +32,7 @@ from tests.helpers import prepare_test_app
 from tests.support.openapi_check import check_response
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import external_url
+from tests.support.route_builders import install as cache_route_builders
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -40,6 +41,8 @@ def _responses_fit_the_api_description() -> Iterator[None]:
     with request_finished.connected_to(check_response):
         yield
 
+
+cache_route_builders()  # apps are built per test; their URL rules compile once (see there)
 
 EXTERNAL_POSTGRES = external_url()  # read before any test clears the environment
 
@@ -64,9 +67,40 @@ def postgres_url(postgres: PostgresServer) -> Iterator[str]:
         postgres.drop_database(url)
 
 
+@pytest.fixture(scope="session")
+def postgres_template(postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PostgreSQL database at the newest schema revision, made once per test run (the
+    server's counterpart of `migrated_database`): `migrated_postgres_url` copies it."""
+    url = postgres.create_database()
+    open_database(tmp_path_factory.mktemp("pg-template"), url).dispose()
+    return url
+
+
+@pytest.fixture
+def migrated_postgres_url(postgres: PostgresServer, postgres_template: str) -> Iterator[str]:
+    """A fresh PostgreSQL database for this test, already migrated; dropped afterwards."""
+    url = postgres.create_database(template=postgres_template)
+    try:
+        yield url
+    finally:
+        postgres.drop_database(url)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, base_dir: Path) -> str:
-    """Each engine in turn: the data dir's SQLite file, then a fresh PostgreSQL database."""
+def database_url(request: pytest.FixtureRequest, base_dir: Path, migrated_database: Path) -> str:
+    """Each engine in turn, at the newest schema revision: the data dir's SQLite file
+    (a copy of `migrated_database`), then a fresh PostgreSQL database (a copy of
+    `postgres_template`). Tests of the migrations themselves take `empty_database_url`."""
+    if request.param == "sqlite":
+        _start_from_migrated(base_dir, migrated_database, even_with_a_url=True)
+        return default_database_url(base_dir)
+    return request.getfixturevalue("migrated_postgres_url")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_database_url(request: pytest.FixtureRequest, base_dir: Path) -> str:
+    """Each engine in turn, without any table yet: the data dir's SQLite file (absent),
+    then a fresh, empty PostgreSQL database; for tests of the migrations."""
     if request.param == "sqlite":
         return default_database_url(base_dir)
     return request.getfixturevalue("postgres_url")
@@ -176,10 +210,13 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         services.engine.dispose()
 
 
-def _start_from_migrated(base_dir: Path, template: Path) -> None:
-    """Give a data dir without a database a copy of the migrated one (see `migrated_database`)."""
+def _start_from_migrated(base_dir: Path, template: Path, *, even_with_a_url: bool = False) -> None:
+    """Give a data dir without a database a copy of the migrated one (see `migrated_database`);
+    not when `DATABASE_URL` names another database, unless `even_with_a_url`."""
     target = base_dir / DATABASE_FILE
-    if os.environ.get("DATABASE_URL") or not base_dir.is_dir() or os.path.lexists(target):
+    if os.environ.get("DATABASE_URL") and not even_with_a_url:
+        return
+    if not base_dir.is_dir() or os.path.lexists(target):
         return
     shutil.copyfile(template, target)
     target.chmod(0o600)

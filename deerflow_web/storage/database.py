@@ -172,6 +172,9 @@ uploads = Table(
     Column("conversion_lease_until", Float),  # a converting job past this is claimed again
     PrimaryKeyConstraint("scope", "filename"),
     Index("ix_uploads_conversion_state", "conversion_state"),
+    # A commit's duplicate check and a file's companions, read by index (migration 0007).
+    Index("ix_uploads_sha256", "scope", "sha256", "filename"),
+    Index("ix_uploads_converted_from", "scope", "converted_from"),
     sqlite_with_rowid=False,
 )
 

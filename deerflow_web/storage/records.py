@@ -15,17 +15,21 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from typing import Protocol
 
 from sqlalchemy import Engine
+from sqlalchemy import Executable
 from sqlalchemy import and_
+from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import func
 from sqlalchemy import or_
 from sqlalchemy import select
 from sqlalchemy import text
 from sqlalchemy import tuple_
+from sqlalchemy import union_all
 from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -134,7 +138,11 @@ class RecordsTransaction(Protocol):
 
     def get(self, filename: str) -> StoredRecord | None: ...
     def all(self) -> list[StoredRecord]: ...
+    def names_by_sha256(self, sha256s: Iterable[str]) -> dict[str, str]: ...
+    def companion_candidates(self, original: str, companion: str) -> list[StoredRecord]: ...
+    def get_many(self, filenames: Iterable[str]) -> dict[str, StoredRecord | None]: ...
     def put(self, stored: StoredRecord) -> None: ...
+    def put_many(self, stored: Iterable[StoredRecord]) -> None: ...
     def delete(self, filename: str) -> None: ...
 
 
@@ -218,34 +226,94 @@ def _values(scope: str, stored: StoredRecord) -> dict[str, Any]:
     }
 
 
-def _read_all(db: Connection, scope: str) -> list[StoredRecord]:
-    rows = db.execute(
-        select(*_RECORD_COLUMNS).where(uploads.c.scope == scope).order_by(uploads.c.filename)
+# The statements a commit runs for every file, built once with bound parameters: built per
+# call, SQLAlchemy rebuilt and cache-keyed each (the upsert's `excluded` alone copied all
+# the table's columns), which was most of an upload's CPU time (bench/README.md).
+_WRITTEN_COLUMNS = tuple(column.name for column in uploads.columns)  # `_values` gives each
+_SELECT_ALL = (
+    select(*_RECORD_COLUMNS)
+    .where(uploads.c.scope == bindparam("scope"))
+    .order_by(uploads.c.filename)
+)
+_SELECT_ONE = select(*_RECORD_COLUMNS).where(
+    uploads.c.scope == bindparam("scope"), uploads.c.filename == bindparam("filename")
+)
+_SELECT_NAMED = select(*_RECORD_COLUMNS).where(
+    uploads.c.scope == bindparam("scope"),
+    uploads.c.filename.in_(bindparam("filenames", expanding=True)),
+)
+# The records that may be a file's companions (the caller applies the companion rule),
+# read by index (migration 0007), whatever the size of the thread.
+_SELECT_COMPANIONS = (
+    select(*_RECORD_COLUMNS)
+    .where(uploads.c.scope == bindparam("scope"))
+    .where(
+        or_(
+            uploads.c.converted_from == bindparam("original"),
+            uploads.c.filename == bindparam("companion"),
+        )
     )
+    .order_by(uploads.c.filename)
+)
+_DELETE_ONE = delete(uploads).where(
+    uploads.c.scope == bindparam("scope"), uploads.c.filename == bindparam("filename")
+)
+_SELECT_VERSION = select(record_versions.c.version).where(
+    record_versions.c.scope == bindparam("scope")
+)
+
+
+def _upsert(dialect_insert: Any) -> Executable:
+    statement = dialect_insert(uploads).values({k: bindparam(k) for k in _WRITTEN_COLUMNS})
+    return statement.on_conflict_do_update(
+        index_elements=["scope", "filename"],
+        set_={k: statement.excluded[k] for k in _WRITTEN_COLUMNS if k not in ("scope", "filename")},
+    )
+
+
+def _version_bump(dialect_insert: Any) -> Executable:
+    statement = dialect_insert(record_versions).values(scope=bindparam("scope"), version=1)
+    return statement.on_conflict_do_update(
+        index_elements=["scope"], set_={"version": record_versions.c.version + 1}
+    )
+
+
+@lru_cache(maxsize=64)
+def _names_by_sha256(count: int) -> Executable:
+    """For `count` hashes, the last name holding each: one index seek per hash (migration
+    0007), however many copies of the same bytes the thread holds (a GROUP BY would read
+    every one of them)."""
+    arms = [
+        select(uploads.c.sha256, uploads.c.filename)
+        .where(uploads.c.scope == bindparam("scope"), uploads.c.sha256 == bindparam(f"h{i}"))
+        .order_by(uploads.c.filename.desc())
+        .limit(1)
+        .subquery()
+        for i in range(count)
+    ]
+    return union_all(*(select(arm.c.sha256, arm.c.filename) for arm in arms))
+
+
+_UPSERT = {"postgresql": _upsert(pg_insert), "sqlite": _upsert(sqlite_insert)}
+_BUMP_VERSION = {"postgresql": _version_bump(pg_insert), "sqlite": _version_bump(sqlite_insert)}
+
+
+def _read_all(db: Connection, scope: str) -> list[StoredRecord]:
+    rows = db.execute(_SELECT_ALL, {"scope": scope})
     return [_to_stored(tuple(row)) for row in rows]
 
 
 def _bump_version(db: Connection, scope: str) -> None:
     """Count a change to the thread's records, in the transaction that makes it."""
-    dialect_insert = pg_insert if db.dialect.name == "postgresql" else sqlite_insert
-    statement = dialect_insert(record_versions).values(scope=scope, version=1)
-    db.execute(
-        statement.on_conflict_do_update(
-            index_elements=["scope"], set_={"version": record_versions.c.version + 1}
-        )
-    )
+    db.execute(_BUMP_VERSION[db.dialect.name], {"scope": scope})
 
 
 def _read_version(db: Connection, scope: str) -> int | None:
-    return db.execute(
-        select(record_versions.c.version).where(record_versions.c.scope == scope)
-    ).scalar_one_or_none()
+    return db.execute(_SELECT_VERSION, {"scope": scope}).scalar_one_or_none()
 
 
 def _read_one(db: Connection, scope: str, filename: str) -> StoredRecord | None:
-    row = db.execute(
-        select(*_RECORD_COLUMNS).where(uploads.c.scope == scope, uploads.c.filename == filename)
-    ).first()
+    row = db.execute(_SELECT_ONE, {"scope": scope, "filename": filename}).first()
     return _to_stored(tuple(row)) if row else None
 
 
@@ -262,19 +330,47 @@ class _Transaction:
     def all(self) -> list[StoredRecord]:
         return _read_all(self._db, self._scope)
 
-    def put(self, stored: StoredRecord) -> None:
-        values = _values(self._scope, stored)
-        dialect_insert = pg_insert if self._db.dialect.name == "postgresql" else sqlite_insert
-        statement = dialect_insert(uploads).values(values)
-        changed = {k: statement.excluded[k] for k in values if k not in ("scope", "filename")}
-        self._db.execute(
-            statement.on_conflict_do_update(index_elements=["scope", "filename"], set_=changed)
+    def get_many(self, filenames: Iterable[str]) -> dict[str, StoredRecord | None]:
+        """Each name's record, None for a name without one, in one read."""
+        wanted = sorted(set(filenames))
+        found: dict[str, StoredRecord | None] = dict.fromkeys(wanted)
+        if wanted:
+            rows = self._db.execute(_SELECT_NAMED, {"scope": self._scope, "filenames": wanted})
+            found.update((row[0], _to_stored(tuple(row))) for row in rows)
+        return found
+
+    def names_by_sha256(self, sha256s: Iterable[str]) -> dict[str, str]:
+        """sha256 -> the name of a record holding those bytes, for the ones the thread has.
+
+        Of several, the last in name order, as a dict built from `all()` kept.
+        """
+        wanted = sorted(set(sha256s))
+        if not wanted:
+            return {}
+        params = {f"h{i}": sha256 for i, sha256 in enumerate(wanted)}
+        rows = self._db.execute(_names_by_sha256(len(wanted)), {"scope": self._scope, **params})
+        return {sha256: filename for sha256, filename in rows}
+
+    def companion_candidates(self, original: str, companion: str) -> list[StoredRecord]:
+        """The records converted from `original` or named `companion`, by name: a superset
+        of `original`'s companions, read without the rest of the thread."""
+        rows = self._db.execute(
+            _SELECT_COMPANIONS,
+            {"scope": self._scope, "original": original, "companion": companion},
         )
+        return [_to_stored(tuple(row)) for row in rows]
+
+    def put(self, stored: StoredRecord) -> None:
+        self._db.execute(_UPSERT[self._db.dialect.name], _values(self._scope, stored))
+
+    def put_many(self, stored: Iterable[StoredRecord]) -> None:
+        """`put` each, in one statement run over all of them."""
+        values = [_values(self._scope, one) for one in stored]
+        if values:
+            self._db.execute(_UPSERT[self._db.dialect.name], values)
 
     def delete(self, filename: str) -> None:
-        self._db.execute(
-            delete(uploads).where(uploads.c.scope == self._scope, uploads.c.filename == filename)
-        )
+        self._db.execute(_DELETE_ONE, {"scope": self._scope, "filename": filename})
 
     def move_scope(self, new: str) -> int:
         result = self._db.execute(

@@ -159,9 +159,11 @@ def make_previous_release_dir(base_dir: Path) -> None:
         db.execute("INSERT INTO users VALUES ('u1', 'old@example.com', 'x', 'admin', 0, 0, 1.0)")
 
 
-def test_a_new_database_matches_the_declared_tables(base_dir: Path, database_url: str) -> None:
+def test_a_new_database_matches_the_declared_tables(
+    base_dir: Path, empty_database_url: str
+) -> None:
     """The migrations build exactly what `database.py` declares (no drift either way)."""
-    engine = open_database(base_dir, database_url)
+    engine = open_database(base_dir, empty_database_url)
     with engine.connect() as db:
         assert current_revision(db) == head_revision()
         assert compare_metadata(MigrationContext.configure(db), metadata) == []
@@ -220,7 +222,7 @@ def test_old_records_can_be_imported_into_postgresql(base_dir: Path, postgres_ur
     engine.dispose()
 
 
-def test_instances_starting_together_migrate_once(base_dir: Path, database_url: str) -> None:
+def test_instances_starting_together_migrate_once(base_dir: Path, empty_database_url: str) -> None:
     make_first_release_dir(base_dir)
     engines, errors = [], []
     start = threading.Barrier(4)
@@ -228,7 +230,7 @@ def test_instances_starting_together_migrate_once(base_dir: Path, database_url: 
     def start_instance() -> None:
         start.wait()
         try:
-            engines.append(open_database(base_dir, database_url))
+            engines.append(open_database(base_dir, empty_database_url))
         except Exception as error:  # the test reports it below
             errors.append(error)
 

@@ -201,3 +201,77 @@ def test_resumable_uploads_round_trip(base_dir: Path, database_url: str) -> None
     store.remove("u1")
     assert store.get("u1") is None and not store.has_staging(upload.staging_path)
     engine.dispose()
+
+
+def test_a_batch_is_read_and_written_by_name(records: DatabaseUploadRecords) -> None:
+    with records.locked("s1") as txn:
+        txn.put_many([stored("a.txt", 1), stored("b.txt", 2)])
+        txn.put_many([])  # nothing to write is no statement at all
+        txn.put_many([stored("a.txt", 3)])  # an existing name is replaced whole
+        found = txn.get_many(["b.txt", "missing.txt", "a.txt", "a.txt"])
+        assert txn.get_many([]) == {}
+    with records.locked("s2") as txn:
+        txn.put(stored("a.txt", 9))  # another thread's record of the same name
+    assert found == {
+        "a.txt": records.get("s1", "a.txt"),
+        "b.txt": records.get("s1", "b.txt"),
+        "missing.txt": None,
+    }
+    assert [(s.record.filename, s.record.size) for s in records.all("s1")] == [
+        ("a.txt", 3),
+        ("b.txt", 2),
+    ]
+
+
+def test_a_rolled_back_batch_leaves_nothing(records: DatabaseUploadRecords) -> None:
+    with pytest.raises(RuntimeError), records.locked("s1") as txn:
+        txn.put_many([stored("a.txt"), stored("b.txt")])
+        raise RuntimeError("stop")
+    assert records.all("s1") == []
+
+
+def test_duplicates_are_found_by_content_in_any_number_of_copies(
+    records: DatabaseUploadRecords,
+) -> None:
+    def with_hash(name: str, sha256: str) -> StoredRecord:
+        plain = stored(name)
+        return StoredRecord(
+            UploadRecord(name, 1, sha256, "text/plain", 10.0, 10.0), plain.mtime_ns, plain.inode
+        )
+
+    same, other, absent = "a" * 64, "b" * 64, "c" * 64
+    with records.locked("s1") as txn:
+        txn.put_many([with_hash(f"copy-{n:03d}.txt", same) for n in range(150)])
+        txn.put(with_hash("other.txt", other))
+    with records.locked("s2") as txn:
+        txn.put(with_hash("zzz-elsewhere.txt", same))  # another thread's copy never counts
+        assert txn.names_by_sha256([absent]) == {}
+    with records.locked("s1") as txn:
+        # The last of the copies in name order, as reading every record used to give.
+        expected = {s.record.sha256: s.record.filename for s in txn.all()}
+        assert txn.names_by_sha256([same, other, absent, same]) == expected
+        assert expected == {same: "copy-149.txt", other: "other.txt"}
+        assert txn.names_by_sha256([]) == {}
+
+
+def test_companion_candidates_are_the_converted_and_the_namesake(
+    records: DatabaseUploadRecords,
+) -> None:
+    with records.locked("s1") as txn:
+        txn.put_many(
+            [
+                stored("report.docx"),
+                stored("report.md", converted_from="report.docx"),
+                stored("renamed.md", converted_from="report.docx"),
+                stored("other.md", converted_from="other.docx"),
+                stored("unrelated.txt"),
+            ]
+        )
+    with records.locked("s2") as txn:
+        txn.put(stored("theirs.md", converted_from="report.docx"))
+    with records.locked("s1") as txn:
+        names = [s.record.filename for s in txn.companion_candidates("report.docx", "report.md")]
+        assert names == ["renamed.md", "report.md"]
+        names = [s.record.filename for s in txn.companion_candidates("other.docx", "x.md")]
+        assert names == ["other.md"]
+        assert txn.companion_candidates("nothing.pdf", "nothing.md") == []

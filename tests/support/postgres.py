@@ -129,11 +129,13 @@ class PostgresServer:
         log = str(self.directory / "log")
         self._pg_ctl("-o", self._options, "-l", log, "-w", "-t", "60", "start")
 
-    def create_database(self) -> str:
-        """A new empty database; its SQLAlchemy URL (psycopg 3) as a string."""
+    def create_database(self, template: str | None = None) -> str:
+        """A new database, empty or a copy of the database at the URL `template` (which no
+        one may be connected to); its SQLAlchemy URL (psycopg 3) as a string."""
         name = f"test_{os.getpid()}_{next(self._names)}_{int(time.time() * 1000) % 100000}"
+        source = make_url(template).database if template else "template0"
         with self._admin.connect() as db:
-            db.execute(text(f'CREATE DATABASE "{name}" TEMPLATE template0'))
+            db.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{source}"'))
         return self.admin_url.set(database=name).render_as_string(hide_password=False)
 
     def drop_database(self, url: str) -> None:

@@ -450,9 +450,9 @@ def test_agent_tools_refuse_a_run_without_a_user_when_accounts_are_on(
         assert "flat" not in str(answer).replace("no user id", ""), name
 
 
-def test_the_global_claims_become_per_user_threads(base_dir: Path, database_url: str) -> None:
+def test_the_global_claims_become_per_user_threads(base_dir: Path, empty_database_url: str) -> None:
     """Migration 0003: every claimed id stays its owner's thread, titles empty."""
-    engine = make_engine(database_url)
+    engine = make_engine(empty_database_url)
     with engine.begin() as db:
         command.upgrade(_config(db), "0002")
     with engine.begin() as db:
@@ -462,7 +462,7 @@ def test_the_global_claims_become_per_user_threads(base_dir: Path, database_url:
         ))  # fmt: skip
         db.execute(text("INSERT INTO thread_owners VALUES ('project-q4', 'u1', 12.5)"))
     engine.dispose()
-    engine = open_database(base_dir, database_url)
+    engine = open_database(base_dir, empty_database_url)
     with engine.connect() as db:
         assert db.execute(select(threads)).all() == [("u1", "project-q4", None, "{}", 12.5, 12.5)]
         tables = db.dialect.get_table_names(db)

@@ -16,6 +16,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
@@ -47,6 +49,7 @@ from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.filenames import ClaimedNames
+from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.filenames import normalize_filename
@@ -175,7 +178,7 @@ class _UploadBatch:
         self.rejected: list[RejectedFile] = []
         self.count = 0
         self.total = 0
-        self._created_dirs: list[Path] = []
+        self._created_dirs: list[Path] | None = None  # None: the folder is not checked yet
 
     def add(self, incoming: IncomingFile) -> None:
         """Check one part and stream it to a staging file, enforcing the limits as it goes."""
@@ -254,14 +257,17 @@ class _UploadBatch:
         item.sha256, item.content_type = staging.finish(item.name)
 
     def _ensure_folder(self) -> None:
-        if not self._created_dirs:  # created without following a link planted on the way
+        """Create the folder (never through a link) once per request, not once per part:
+        the walk was a tenth of a small file's cost. A link planted later is refused by
+        the commit's own check, under the records lock, before any rename goes through."""
+        if self._created_dirs is None:
             self._created_dirs = self._make_dirs(self.folder)  # innermost first, for rollback
 
     def discard(self) -> None:
         """Remove every staging file and any folder this request created."""
         for item in self.staged:
             item.staging.discard()
-        for folder in self._created_dirs:
+        for folder in self._created_dirs or ():
             try:
                 folder.rmdir()
             except OSError:
@@ -424,12 +430,17 @@ class UploadService:
         commit = AtomicCommit()
         saved: list[SavedFile] = []
         current = ""
-        try:
+        with _all_or_nothing(commit, lambda: current, lambda: f"Failed to upload {current}"):
             with self.records.locked(folders.scope) as txn:
                 # Streaming took a while: a link planted meanwhile is refused before any
                 # rename goes through it.
                 folders.recheck(batch.folder)
-                seen = {s.record.sha256: s.record.filename for s in txn.all()}
+                # Only the records this batch's names and bytes touch are read, and the
+                # new ones are written together: a commit costs the same in a thread of
+                # ten files or of ten thousand, and little more per file than the renames.
+                seen = txn.names_by_sha256(item.sha256 for item in batch.staged)
+                known = txn.get_many(item.name for item in batch.staged)
+                written: list[StoredRecord] = []
                 committed: set[str] = set()
                 for item in batch.staged:
                     item.name = current = _commit_name(txn, batch, item, committed)
@@ -438,30 +449,27 @@ class UploadService:
                         item.staging.discard()
                         batch.skipped.append(item.name)
                         continue
-                    previous = txn.get(item.name)
+                    previous = known[item.name] if item.name in known else txn.get(item.name)
                     commit.rename(item.staging.path, dest)
                     committed.add(item.name)
                     if previous is not None and previous.record.sha256 != item.sha256:
-                        self._drop_companions(txn, batch.folder, item.name, commit)
-                    record = self._put(txn, dest, item)
-                    saved.append(SavedFile(record, seen.get(item.sha256)))
+                        txn.put_many(written)  # a companion may be among them
+                        written.clear()
+                        dropped = self._drop_companions(txn, batch.folder, item.name, commit)
+                        known.update(dict.fromkeys(dropped))
+                    stored = self._stored_in_place(dest, item)
+                    written.append(stored)
+                    saved.append(SavedFile(stored.record, seen.get(item.sha256)))
                     seen.setdefault(item.sha256, item.name)
+                txn.put_many(written)
                 if then is not None and saved:
                     then(txn, saved)
-        except OSError as error:
-            commit.undo()
-            if is_disk_full(error):
-                raise InsufficientStorage(current) from error
-            raise StorageFailure(f"Failed to upload {current}: {error}") from error
-        except BaseException:
-            commit.undo()
-            raise
-        commit.forget_backups()
         for item in batch.staged:
             item.staging.close()  # held (locked) until the records said so too
         return saved
 
-    def _put(self, txn: RecordsTransaction, dest: Path, item: _Staged) -> UploadRecord:
+    def _stored_in_place(self, dest: Path, item: _Staged) -> StoredRecord:
+        """The record of a staged part just renamed to `dest`, with the file's identity."""
         info = dest.lstat()
         record = UploadRecord(
             filename=item.name,
@@ -472,8 +480,7 @@ class UploadService:
             modified=info.st_mtime_ns / 1e9,
             original_filename=item.original_filename,
         )
-        txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns))
-        return record
+        return StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
 
     def list_uploads(self, thread: Thread) -> list[UploadRecord]:
         """The thread's records in code-point name order, reconciled with the folder first.
@@ -620,7 +627,7 @@ class UploadService:
         """Delete the `.md` files converted from `original`; return their names. With
         `commit`, each is only set aside until the commit holds (`AtomicCommit.remove`)."""
         dropped = []
-        for stored in txn.all():
+        for stored in txn.companion_candidates(original, companion_name(original)):
             record = stored.record
             if record.filename == original or not _is_companion_of(record, original):
                 continue
@@ -662,7 +669,7 @@ class UploadService:
         # whatever it replaced back into place, so disk and records stay as they were.
         commit = AtomicCommit()
         folders.forget_records()
-        try:
+        with _all_or_nothing(commit, lambda: target, lambda: f"Failed to rename {filename}"):
             with self.records.locked(folders.scope) as txn:
                 stored = txn.get(filename)
                 if stored is None:  # not listed, e.g. a hard link to a file outside the thread
@@ -676,19 +683,10 @@ class UploadService:
                 info = (folder / target).lstat()
                 record = replace(stored.record, filename=target, original_filename=None)
                 txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns))
-                for other in txn.all():
+                for other in txn.companion_candidates(filename, companion_name(filename)):
                     if other.record.converted_from == filename:
                         companion = replace(other.record, converted_from=target)
                         txn.put(replace(other, record=companion))
-        except OSError as error:
-            commit.undo()
-            if is_disk_full(error):
-                raise InsufficientStorage(target) from error
-            raise StorageFailure(f"Failed to rename {filename}: {error}") from error
-        except BaseException:
-            commit.undo()
-            raise
-        commit.forget_backups()
         return record
 
     @staticmethod
@@ -719,6 +717,30 @@ class UploadService:
             raise UploadNotFound(filename) from error
         if not stat.S_ISREG(info.st_mode):
             raise UploadNotFound(filename)
+
+
+@contextmanager
+def _all_or_nothing(
+    commit: AtomicCommit, name: Callable[[], str], failure: Callable[[], str]
+) -> Iterator[None]:
+    """Keep the block's renames only if all of it succeeds, the records' transaction too.
+
+    On any failure every file goes back where it was (`AtomicCommit.undo`) and an OSError
+    becomes the domain error (`InsufficientStorage` of `name()` on a full disk, else
+    `StorageFailure` starting with `failure()`); both are read when the failure happens,
+    so they name the file the block had reached. On success the backups are dropped.
+    """
+    try:
+        yield
+    except OSError as error:
+        commit.undo()
+        if is_disk_full(error):
+            raise InsufficientStorage(name()) from error
+        raise StorageFailure(f"{failure()}: {error}") from error
+    except BaseException:
+        commit.undo()
+        raise
+    commit.forget_backups()
 
 
 def _commit_name(

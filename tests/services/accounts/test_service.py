@@ -408,6 +408,18 @@ def test_tokens_have_32_random_bytes_and_are_stored_hashed(accounts, alice, engi
     assert accounts.list_tokens(alice.id)[0].last_used_at is not None
 
 
+def test_token_use_is_recorded_at_most_once_a_minute(accounts, alice, clock) -> None:
+    secret = accounts.create_token(alice.id, "ci").secret
+    first = clock.now
+    assert accounts.token_user(secret) == alice
+    clock.now += 60  # a minute to the tick: still the first use on record
+    assert accounts.token_user(secret) == alice
+    assert accounts.list_tokens(alice.id)[0].last_used_at == first
+    clock.now += 0.5
+    assert accounts.token_user(secret) == alice
+    assert accounts.list_tokens(alice.id)[0].last_used_at == clock.now
+
+
 def test_forged_revoked_expired_and_disabled_tokens(accounts, alice, clock, engine) -> None:
     with pytest.raises(TokenInvalid):
         accounts.token_user("dfw_forged")

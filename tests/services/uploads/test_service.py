@@ -27,6 +27,7 @@ from deerflow_web.storage.records import DatabaseUploadRecords
 from tests.helpers import uploads_dir
 
 LIMITS = UploadLimits(max_files=2, max_file_size=10, max_total_size=15)
+T = ThreadRef.single_user("T")
 
 
 def make_service(base_dir: Path, clock: Callable[[], float] = lambda: 1000.0) -> UploadService:
@@ -158,3 +159,32 @@ def test_delete_cascades_to_the_companion_only(service: UploadService, base_dir:
     assert stored(service) == {"notes.md": 4}
     with pytest.raises(UploadNotFound):
         service.delete_upload(ThreadRef.single_user("T"), "r.docx")
+
+
+@pytest.mark.parametrize("order", ["companion-first", "original-first"])
+def test_replacing_a_file_keeps_the_uploaded_namesake_of_its_companion(
+    base_dir: Path, order: str
+) -> None:
+    """A request that replaces r.docx and uploads r.md beside it: the old companion goes,
+    the uploaded r.md stays, whichever part comes first."""
+    service = make_service(base_dir)
+    service.save_uploads(T, files(("r.docx", b"PK\x03\x04v1")))
+    (uploads_dir(base_dir, "T", None) / "r.md").write_text("old")  # the companion, on disk
+    service.list_uploads(T)
+    parts = [("r.md", b"mine"), ("r.docx", b"PK\x03\x04v2")]
+    if order == "original-first":
+        parts.reverse()
+    service.save_uploads(T, files(*parts))
+    assert folder_state(base_dir) == {"r.docx": b"PK\x03\x04v2", "r.md": b"mine"}
+    assert stored(service) == {"r.docx": 6, "r.md": 4}
+    assert service.get_upload(T, "r.md").converted_from is None
+
+
+def test_a_copy_is_reported_whatever_the_number_of_copies(base_dir: Path) -> None:
+    service = make_service(base_dir)
+    for n in range(6):
+        service.save_uploads(T, files((f"copy-{n}.txt", b"same")))
+    result = service.save_uploads(T, files(("new.txt", b"same"), ("again.txt", b"same")))
+    assert [saved.duplicate_of for saved in result.files] == ["copy-5.txt", "copy-5.txt"]
+    result = service.save_uploads(T, files(("fresh.txt", b"new!"), ("twin.txt", b"new!")))
+    assert [saved.duplicate_of for saved in result.files] == [None, "fresh.txt"]
