@@ -34,7 +34,7 @@ BUDGET_SHARE = 0.8  # OCR starts no page once this share of the worker's time is
 
 @dataclass
 class OcrBudget:
-    """How long OCR may go on in this worker: wall clock and CPU time, and per page."""
+    """How long OCR may go on in this worker: wall clock and CPU time, and CPU per page."""
 
     wall_seconds: float = 0.0  # 0: no limit
     cpu_seconds: float = 0.0  # 0: no limit
@@ -55,10 +55,10 @@ class OcrBudget:
         return bool(self.cpu_seconds and time.process_time() >= self.cpu_seconds)
 
     def page_limit(self) -> float:
-        """This page's wall-clock limit: its own, or what is left of the whole, if less."""
-        if not self.wall_seconds:
+        """This page's CPU-time limit: its own, or what is left of the CPU budget, if less."""
+        if not self.cpu_seconds:
             return self.page_seconds
-        left = self.wall_seconds - (time.monotonic() - self.started)
+        left = self.cpu_seconds - time.process_time()
         return max(min(self.page_seconds, left), 0.1)
 
 
@@ -70,6 +70,7 @@ class PdfReport:
     text_pages: int = 0
     ocr_pages: int = 0
     ocr_seconds: list[float] = field(default_factory=list)
+    ocr_cpu_seconds: list[float] = field(default_factory=list)
     ocr_unavailable: str | None = None
 
 
@@ -156,13 +157,18 @@ def _needs_ocr(text: str) -> bool:
 
 
 def _render(document: Any, index: int) -> Any:
-    """Page `index` as an RGB image at `RENDER_DPI`, scaled down to `ocr.MAX_OCR_PIXELS`."""
+    """Page `index` as an RGB image at `RENDER_DPI` at most, no larger than the engine
+    reads (`ocr.DETECTION_SIDE`, `ocr.MAX_OCR_PIXELS`)."""
     page = document[index]
     try:
         width, height = page.get_size()  # points, 1/72 inch
-        scale = RENDER_DPI / 72
         area = max(width * height, 1.0)
-        scale = min(scale, math.sqrt(ocr.MAX_OCR_PIXELS / area))
+        # No more pixels than the engine keeps: it scales to DETECTION_SIDE anyway.
+        scale = min(
+            RENDER_DPI / 72,
+            ocr.DETECTION_SIDE / max(width, height, 1.0),
+            math.sqrt(ocr.MAX_OCR_PIXELS / area),
+        )
         bitmap = page.render(scale=scale)
         try:
             return bitmap.to_pil().convert("RGB")
@@ -201,7 +207,7 @@ def _read_scanned(data: bytes, pages: list[_Page], budget: OcrBudget, report: Pd
             try:
                 result = ocr.recognize(_render(document, index), limit)
             except ocr.PageTimeLimit:
-                page.how = f"not read: OCR stopped after {limit:g} s (time limit per page)"
+                page.how = f"not read: OCR stopped after {limit:.0f} s of CPU time (limit per page)"
                 continue
             except ocr.OcrUnavailable as error:
                 report.ocr_unavailable = str(error)
@@ -209,6 +215,7 @@ def _read_scanned(data: bytes, pages: list[_Page], budget: OcrBudget, report: Pd
                 continue
             report.ocr_pages += 1
             report.ocr_seconds.append(result.seconds)
+            report.ocr_cpu_seconds.append(result.cpu_seconds)
             if result.text.strip():
                 page.text, page.how = result.text, ocr.describe(result)
             elif not page.text:  # else a page number alone: its text layer stays

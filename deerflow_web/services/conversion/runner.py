@@ -175,6 +175,7 @@ class MarkdownConversion:
     peak_rss_mb: float | None
     pages: int | None = None  # of a PDF (1 for an image)
     ocr_seconds: tuple[float, ...] = ()  # per page read by OCR, inside the worker
+    ocr_cpu_seconds: tuple[float, ...] = ()  # the same pages' CPU time
 
 
 def convert_to_markdown(
@@ -258,18 +259,23 @@ def convert_to_markdown(
     characters = result.get("characters")
     pages = result.get("pages")
     ocr_seconds = result.get("ocr_seconds")
+    ocr_cpu_seconds = result.get("ocr_cpu_seconds")
     return MarkdownConversion(
         destination=destination,
         characters=characters if isinstance(characters, int) else None,
         seconds=float(result.get("seconds") or 0.0),
         peak_rss_mb=peak_rss_kb / 1024 if isinstance(peak_rss_kb, int) else None,
         pages=pages if isinstance(pages, int) else None,
-        ocr_seconds=tuple(
-            float(value)
-            for value in (ocr_seconds if isinstance(ocr_seconds, list) else [])
-            if isinstance(value, int | float)
-        ),
+        ocr_seconds=_numbers(ocr_seconds),
+        ocr_cpu_seconds=_numbers(ocr_cpu_seconds),
     )
+
+
+def _numbers(value: object) -> tuple[float, ...]:
+    """A list of numbers from the worker's report; anything else gives none."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(float(item) for item in value if isinstance(item, int | float))
 
 
 def _convert_stream(
@@ -567,8 +573,8 @@ def _message(kind: str, name: str, suffix: str, memory_limit_mb: int, detail: st
             )
         case "ocr_timeout":
             return (
-                f"Reading the text of {name} by OCR stopped after {detail or '?'} s "
-                "(time limit per page)"
+                f"Reading the text of {name} by OCR stopped after {detail or '?'} s of CPU "
+                "time (limit per image)"
             )
         case "ocr_unavailable":
             return (

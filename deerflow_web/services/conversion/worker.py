@@ -252,7 +252,12 @@ def _image(stream: BinaryIO, facts: dict[str, object]) -> str:
         raise _Refused("ocr_timeout", f"{ocr.PAGE_SECONDS:g}") from error
     except ocr.OcrUnavailable as error:
         raise _Refused("ocr_unavailable", str(error)) from error
-    facts.update(pages=1, ocr_pages=1, ocr_seconds=[round(page.seconds, 3)])
+    facts.update(
+        pages=1,
+        ocr_pages=1,
+        ocr_seconds=[round(page.seconds, 3)],
+        ocr_cpu_seconds=[round(page.cpu_seconds, 3)],
+    )
     return markdown
 
 
@@ -266,6 +271,7 @@ def _pdf(stream: BinaryIO, time_limit_seconds: float, facts: dict[str, object]) 
         pages=report.pages,
         ocr_pages=report.ocr_pages,
         ocr_seconds=[round(seconds, 3) for seconds in report.ocr_seconds],
+        ocr_cpu_seconds=[round(seconds, 3) for seconds in report.ocr_cpu_seconds],
     )
     if not markdown and report.ocr_unavailable is not None:
         raise _Refused("ocr_unavailable", report.ocr_unavailable)

@@ -219,11 +219,24 @@ def test_text_starting_with_bm_is_not_a_bitmap() -> None:
     assert worker.describe_content(io.BytesIO(b"BMW quarterly figures\n")) == "text"
 
 
-def test_a_page_past_its_time_limit_stops() -> None:
+def test_a_page_past_its_cpu_time_limit_stops_and_the_engine_still_reads() -> None:
     ocr.recognize(text_image(("warm up",), width=300))  # the engine loads outside the limit
 
-    with pytest.raises(ocr.PageTimeLimit):
+    with pytest.raises(ocr.PageTimeLimit):  # even when RapidOCR wraps it in its own error
         ocr.recognize(text_image(SCREENSHOT_LINES * 4), seconds=0.001)
+
+    assert ocr.recognize(text_image(("Still reading",), width=500)).text == "Still reading"
+
+
+def test_a_long_scrolling_screenshot_is_read_in_pieces_without_repeats() -> None:
+    lines = [f"Row {n} of the long page says item {n * 7}" for n in range(1, 56)]
+    image = text_image(lines, width=1080, size=32)
+    assert image.height > ocr.TALL_RATIO * image.width  # one piece would shrink the text
+
+    page = ocr.recognize(image)
+
+    assert len(page.lines) == len(lines)  # no line lost at a cut, none read twice
+    assert_reads(tuple(lines), page.text, "long screenshot")
 
 
 def test_a_large_image_is_scaled_to_the_ocr_limit_before_reading() -> None:
