@@ -211,3 +211,30 @@ def test_markers_in_a_markdown_file_someone_wrote_are_only_text(
         "     2\tMy own notes"
     )
     assert "page" not in found["matches"][0]
+
+
+def test_an_image_outside_uploads_stays_a_binary_file(
+    base_dir: Path, service: UploadService, tmp_path: Path
+) -> None:
+    """Only uploads are read through conversion: a chart the agent wrote is not OCR'd, and
+    a search over the whole user-data neither converts nor lists it."""
+    from tests.helpers import user_data_dir
+    from tests.support.agent_helpers import make_runtime
+
+    outputs = user_data_dir(base_dir, "t1", None) / "outputs"
+    outputs.mkdir(parents=True)
+    make_text_png(outputs / "chart.png")
+    (outputs / "notes.txt").write_text("Invoice 2026-11 summary\n", encoding="utf-8")
+    runtime = make_runtime({"thread_id": "t1"})
+
+    text = _tool(base_dir, "read_file").invoke(
+        {"path": "/mnt/user-data/outputs/chart.png", "runtime": runtime}
+    )
+    found = _tool(base_dir, "grep").invoke(
+        {"pattern": "Invoice", "path": "/mnt/user-data", "runtime": runtime}
+    )
+
+    assert "chart.png is a binary file; read_file shows text only" in text
+    assert [m["path"] for m in found["matches"]] == ["/mnt/user-data/outputs/notes.txt"]
+    assert "skipped" not in found
+    assert not (outputs / "chart.md").exists()

@@ -28,7 +28,9 @@ from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
 from deerflow_web.errors import UploadNotFound
+from deerflow_web.models import OCR_IMAGE_EXTENSIONS
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import suffix_of
 from deerflow_web.services.files.artifacts import is_foreign_upload
 from deerflow_web.services.prompt.document_text import DocumentNotReadable
 from deerflow_web.services.prompt.document_text import DocumentStillConverting
@@ -264,15 +266,22 @@ class UserDataFiles:
                     "with its extension, then read it again."
                 )
             return False
+        image = suffix_of(real.name).lower() in OCR_IMAGE_EXTENSIONS
+        if image and (self._documents is None or real.parent != self._uploads_dir()):
+            return False  # a chart in outputs/: a binary file, as it always was
         if self._documents is None:
             raise FileAccessError(NO_CONVERSION.format(path=shown_path))
-        uploads = self._documents.uploads_dir.resolve()
+        uploads = self._uploads_dir()
         if real.parent != uploads:
             raise FileAccessError(
                 f"{shown_path} is a document outside /mnt/user-data/uploads; only uploaded "
                 "documents are converted to text."
             )
         return True
+
+    def _uploads_dir(self) -> Path:
+        assert self._documents is not None
+        return self._documents.uploads_dir.resolve()
 
     def _document_text(
         self, real: Path, shown_path: str, tool: str, wait: float | None = None
