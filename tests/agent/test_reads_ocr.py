@@ -16,6 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage
 from langchain_core.messages import HumanMessage
 
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
@@ -152,7 +153,9 @@ def test_the_agent_reads_and_greps_images_and_scans_with_pdf_pages(
     assert part.splitlines()[1] == f"{line:>6} p.3\tTyped closing page"
 
     # The conversions are recorded like the Convert button's: companions next to each file.
-    companions = {r.converted_from: r.filename for r in service.list_uploads("t1")}
+    companions = {
+        r.converted_from: r.filename for r in service.list_uploads(ThreadRef.single_user("t1"))
+    }
     assert {name: companions.get(name) for name in NAMES} == {
         "scan.pdf": "scan.md",
         "shot.png": "shot.md",
