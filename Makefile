@@ -9,18 +9,29 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-small bench-scale bench-instances browser postgres nginx clean
+.PHONY: run test lint bench bench-small bench-scale bench-instances bench-ocr browser postgres nginx fonts clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# OCR (services/conversion/ocr.py) needs OpenCV, which rapidocr-onnxruntime pulls as
+# opencv-python, linked against the system's libGL. Where that library is missing (a bare
+# server), the headless build of the same OpenCV, which needs none, takes its place.
+define opencv_without_libgl
+	$(BIN)/python -c "import cv2" 2>/dev/null || { \
+		$(BIN)/pip uninstall --quiet -y opencv-python && \
+		$(BIN)/pip install --quiet --no-deps opencv-python-headless; }
+endef
+
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
+	$(opencv_without_libgl)
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]' ruff
+	$(opencv_without_libgl)
 	touch $@ $(VENV)/.runtime
 
 # gevent workers (web/transport/server.py) hold each connection in a greenlet, so hundreds of slow
@@ -55,12 +66,18 @@ nginx:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq nginx >/dev/null; }
 
+# Debian's Noto CJK font: the OCR tests draw English and Chinese text with it.
+fonts:
+	@[ -f /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc ] || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq fonts-noto-cjk >/dev/null; }
+
 # The suite runs in both modes of SPEC 7.1: accounts on (the default), then the single-user
 # mode of the first release. The browser tests run in the first pass only: each file-manager
 # test serves both modes itself (its `mode` parameter: signed in through the login page with
 # accounts on, and single-user), which DEER_FLOW_AUTH_DISABLED=1 would prevent, since it
 # forces accounts off; the account tests need accounts on.
-test: $(VENV)/.test browser postgres nginx
+test: $(VENV)/.test browser postgres nginx fonts
 	$(BIN)/python -m pytest -q
 	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -m "not browser"
 
@@ -81,6 +98,10 @@ bench-scale: $(VENV)/.test
 # One instance vs two on one data dir; list latency on SQLite (and on $DATABASE_URL if set).
 bench-instances: $(VENV)/.test
 	$(BIN)/python bench/bench_instances.py
+
+# OCR seconds per page (text layer, scanned page, photo), worker memory peak, OCR quality.
+bench-ocr: $(VENV)/.test fonts
+	$(BIN)/python bench/bench_ocr.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -215,12 +215,13 @@ class ConversionError(DeerFlowError):
 
 
 class NotConvertible(ConversionError):
-    """The file type is not one markitdown converts."""
+    """The file type is not one conversion reads (documents, and images by OCR)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(
             f"{name} cannot be converted: only .pdf, .doc, .docx, .ppt, .pptx, .xls and "
-            ".xlsx files are converted to Markdown"
+            ".xlsx documents and .png, .jpg, .jpeg, .webp, .tif, .tiff, .bmp and .gif images "
+            "are converted to Markdown"
         )
 
 

@@ -83,7 +83,12 @@ class ThreadRef:
         return None if self.is_single_user else self.user_id
 
 
-CONVERTIBLE_EXTENSIONS = frozenset({".pdf", ".ppt", ".pptx", ".xls", ".xlsx", ".doc", ".docx"})
+DOCUMENT_EXTENSIONS = frozenset({".pdf", ".ppt", ".pptx", ".xls", ".xlsx", ".doc", ".docx"})
+# Images whose text is read by OCR (conversion/ocr.py): they convert like documents.
+OCR_IMAGE_EXTENSIONS = frozenset(
+    {".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif"}
+)
+CONVERTIBLE_EXTENSIONS = DOCUMENT_EXTENSIONS | OCR_IMAGE_EXTENSIONS
 
 
 class Area(enum.StrEnum):
@@ -258,7 +263,8 @@ class UploadRecord:
 
     @property
     def convertible(self) -> bool:
-        """Whether markitdown can turn this file into a Markdown companion."""
+        """Whether conversion can turn this file into a Markdown companion (markitdown for
+        documents, OCR for images)."""
         return self.extension.lower() in CONVERTIBLE_EXTENSIONS
 
 

@@ -50,6 +50,7 @@ from deerflow_web.errors import ConversionError
 from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import NotConvertible
 from deerflow_web.models import CONVERTIBLE_EXTENSIONS
+from deerflow_web.services.conversion.ocr import MAX_DECODE_PIXELS
 from deerflow_web.services.conversion.worker import EXIT_OUT_OF_MEMORY
 from deerflow_web.storage.paths import STAGING_PREFIX
 from deerflow_web.storage.paths import STAGING_SUFFIX
@@ -82,6 +83,14 @@ _FORMAT_NAMES = {
     ".xlsx": "Excel",
     ".ppt": "PowerPoint",
     ".pptx": "PowerPoint",
+    ".png": "PNG image",
+    ".jpg": "JPEG image",
+    ".jpeg": "JPEG image",
+    ".webp": "WebP image",
+    ".tif": "TIFF image",
+    ".tiff": "TIFF image",
+    ".bmp": "BMP image",
+    ".gif": "GIF image",
 }
 _MODERN_SUFFIXES = {".doc": ".docx", ".ppt": ".pptx", ".xls": ".xlsx"}
 
@@ -164,6 +173,9 @@ class MarkdownConversion:
     characters: int | None
     seconds: float
     peak_rss_mb: float | None
+    pages: int | None = None  # of a PDF (1 for an image)
+    ocr_seconds: tuple[float, ...] = ()  # per page read by OCR, inside the worker
+    ocr_cpu_seconds: tuple[float, ...] = ()  # the same pages' CPU time
 
 
 def convert_to_markdown(
@@ -245,12 +257,25 @@ def convert_to_markdown(
         )
     peak_rss_kb = result.get("peak_rss_kb")
     characters = result.get("characters")
+    pages = result.get("pages")
+    ocr_seconds = result.get("ocr_seconds")
+    ocr_cpu_seconds = result.get("ocr_cpu_seconds")
     return MarkdownConversion(
         destination=destination,
         characters=characters if isinstance(characters, int) else None,
         seconds=float(result.get("seconds") or 0.0),
         peak_rss_mb=peak_rss_kb / 1024 if isinstance(peak_rss_kb, int) else None,
+        pages=pages if isinstance(pages, int) else None,
+        ocr_seconds=_numbers(ocr_seconds),
+        ocr_cpu_seconds=_numbers(ocr_cpu_seconds),
     )
+
+
+def _numbers(value: object) -> tuple[float, ...]:
+    """A list of numbers from the worker's report; anything else gives none."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(float(item) for item in value if isinstance(item, int | float))
 
 
 def _convert_stream(
@@ -536,7 +561,26 @@ def _message(kind: str, name: str, suffix: str, memory_limit_mb: int, detail: st
                 f"save it as {modern} and try again"
             )
         case "empty":
-            return f"No text could be extracted from {name}; it may be empty or contain only images"
+            return (
+                f"No text could be extracted from {name}; it may be empty, or its images hold "
+                "no text that OCR could read"
+            )
+        case "too_many_pixels":
+            size = f" ({detail} pixels)" if detail else ""
+            return (
+                f"{name} is too large an image to read{size}: at most "
+                f"{MAX_DECODE_PIXELS:,} pixels are decoded; scale it down and try again"
+            )
+        case "ocr_timeout":
+            return (
+                f"Reading the text of {name} by OCR stopped after {detail or '?'} s of CPU "
+                "time (limit per image)"
+            )
+        case "ocr_unavailable":
+            return (
+                f"The text of {name} cannot be read here: the OCR engine could not be "
+                f"loaded ({detail})"
+            )
         case "memory":
             return f"Conversion of {name} ran out of memory (limit {memory_limit_mb} MB)"
         case "startup":

@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import Any
 from typing import BinaryIO
 
+from deerflow_web.models import OCR_IMAGE_EXTENSIONS
+from deerflow_web.services.conversion.ocr import image_format
+
 EXIT_FAILED = 1
 EXIT_OUT_OF_MEMORY = 3
 
@@ -47,10 +50,13 @@ ERROR_KINDS = (
     "legacy",
     "memory",
     "mislabelled",
+    "ocr_timeout",
+    "ocr_unavailable",
     "password",
     "protected_office",
     "startup",
     "too_large",
+    "too_many_pixels",
 )
 
 # Compound File Binary signature: legacy .doc/.xls/.ppt, and also encrypted .docx/.xlsx/.pptx.
@@ -86,8 +92,8 @@ def apply_limits(memory_limit_mb: int, time_limit_seconds: float) -> None:
 
 def describe_content(stream: BinaryIO) -> str:
     """Name what the bytes are, whatever the file is called: `pdf`, `docx`, `xlsx`, `pptx`,
-    `ole` (a Compound File: legacy Office or encrypted OOXML), `zip`, `html`, `text` or
-    `binary`. The stream is left at its start."""
+    `ole` (a Compound File: legacy Office or encrypted OOXML), `zip`, `image` (a format
+    read by OCR), `html`, `text` or `binary`. The stream is left at its start."""
     stream.seek(0)
     head = stream.read(8192)
     stream.seek(0)
@@ -106,6 +112,8 @@ def describe_content(stream: BinaryIO) -> str:
             if part in names:
                 return suffix[1:]
         return "zip"
+    if image_format(head) is not None:
+        return "image"
     if b"\0" in head:
         return "binary"
     lowered = head.lstrip()[:512].lower()
@@ -121,6 +129,7 @@ _CONTENT_NAMES = {
     "pptx": "a PowerPoint (.pptx) presentation",
     "ole": "a legacy Office or encrypted file",
     "zip": "a plain ZIP archive",
+    "image": "an image",
     "html": "HTML text",
     "text": "plain text",
     "binary": "binary data of another kind",
@@ -140,6 +149,8 @@ def pick_converter(suffix: str, content: str) -> str | None:
         return content
     if suffix == ".xls" and content == "ole":
         return "xls"
+    if suffix in OCR_IMAGE_EXTENSIONS and content == "image":
+        return "image"  # any image format: Pillow reads a PNG named .jpg by its bytes
     return None
 
 
@@ -161,7 +172,11 @@ def _converter(kind: str) -> Any:
 
 
 def convert(
-    source: Path, output: Path, stream: BinaryIO | None = None, max_output_bytes: int = 0
+    source: Path,
+    output: Path,
+    stream: BinaryIO | None = None,
+    max_output_bytes: int = 0,
+    time_limit_seconds: float = 0.0,
 ) -> dict[str, object]:
     """Write the document as Markdown to `output` and describe the outcome for the parent.
 
@@ -171,10 +186,12 @@ def convert(
         output: Where the Markdown goes.
         stream: The document's bytes (the worker's standard input).
         max_output_bytes: Refuse Markdown longer than this many UTF-8 bytes (0: no cap).
+        time_limit_seconds: The worker's wall-clock limit; OCR stops starting pages well
+            before it (0: no limit).
     """
     if stream is None:
         with source.open("rb") as handle:
-            return convert(source, output, handle, max_output_bytes)
+            return convert(source, output, handle, max_output_bytes, time_limit_seconds)
     suffix = source.suffix.lower()
     if suffix in {".doc", ".ppt"}:
         return {"status": "error", "kind": "legacy", "detail": ""}
@@ -187,10 +204,19 @@ def convert(
             return {"status": "error", "kind": "corrupt", "detail": ""}
         return {"status": "error", "kind": "mislabelled", "detail": _CONTENT_NAMES[content]}
 
-    from markitdown import StreamInfo  # heavy import: only after the limits are in place
+    facts: dict[str, object] = {}
+    try:
+        if kind == "image":
+            markdown = _image(stream, facts)
+        elif kind == "pdf":
+            markdown = _pdf(stream, time_limit_seconds, facts)
+        else:
+            from markitdown import StreamInfo  # heavy import: only after the limits are set
 
-    info = StreamInfo(extension=suffix, filename=f"document{suffix}")
-    markdown = _converter(kind).convert(stream, info).markdown
+            info = StreamInfo(extension=suffix, filename=f"document{suffix}")
+            markdown = _converter(kind).convert(stream, info).markdown
+    except _Refused as refused:
+        return {"status": "error", "kind": refused.kind, "detail": refused.detail}
     if not markdown.strip():
         return {"status": "error", "kind": "empty", "detail": ""}
     text = markdown.rstrip() + "\n"
@@ -202,7 +228,54 @@ def convert(
         handle.flush()
         os.fsync(handle.fileno())
     peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"status": "ok", "characters": len(text), "peak_rss_kb": peak_rss_kb}
+    return {"status": "ok", "characters": len(text), "peak_rss_kb": peak_rss_kb, **facts}
+
+
+class _Refused(Exception):
+    """A failure the worker names itself, with one of `ERROR_KINDS`."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.detail = detail[:_DETAIL_LIMIT]
+
+
+def _image(stream: BinaryIO, facts: dict[str, object]) -> str:
+    """An image's size in pixels and its text, read by OCR."""
+    from deerflow_web.services.conversion import ocr
+
+    try:
+        markdown, page = ocr.image_markdown(stream)
+    except ocr.ImageTooLarge as error:
+        raise _Refused("too_many_pixels", str(error)) from error
+    except ocr.PageTimeLimit as error:
+        raise _Refused("ocr_timeout", f"{ocr.PAGE_SECONDS:g}") from error
+    except ocr.OcrUnavailable as error:
+        raise _Refused("ocr_unavailable", str(error)) from error
+    facts.update(
+        pages=1,
+        ocr_pages=1,
+        ocr_seconds=[round(page.seconds, 3)],
+        ocr_cpu_seconds=[round(page.cpu_seconds, 3)],
+    )
+    return markdown
+
+
+def _pdf(stream: BinaryIO, time_limit_seconds: float, facts: dict[str, object]) -> str:
+    """A PDF page by page (`pdf_pages`): its text layer, and OCR for scanned pages."""
+    from deerflow_web.services.conversion import pdf_pages
+
+    budget = pdf_pages.OcrBudget.for_worker(time_limit_seconds)
+    markdown, report = pdf_pages.pdf_markdown(stream.read(), budget)
+    facts.update(
+        pages=report.pages,
+        ocr_pages=report.ocr_pages,
+        ocr_seconds=[round(seconds, 3) for seconds in report.ocr_seconds],
+        ocr_cpu_seconds=[round(seconds, 3) for seconds in report.ocr_cpu_seconds],
+    )
+    if not markdown and report.ocr_unavailable is not None:
+        raise _Refused("ocr_unavailable", report.ocr_unavailable)
+    return markdown
 
 
 def classify(error: BaseException, source: Path) -> str:
@@ -210,6 +283,8 @@ def classify(error: BaseException, source: Path) -> str:
     causes = _causes(error)
     if any(isinstance(cause, MemoryError) for cause in causes):
         return "memory"
+    if any(type(cause).__name__ == "DecompressionBombError" for cause in causes):
+        return "too_many_pixels"  # Pillow's own check, behind ours
     texts = [f"{type(cause).__name__} {cause}".lower() for cause in causes]
     if any(marker in text for text in texts for marker in _OUT_OF_MEMORY_MARKERS):
         return "memory"  # a library that could not be mapped under RLIMIT_AS
@@ -267,7 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with open(0, "rb", closefd=False) as stdin:
                 stream = stdin if stdin.seekable() else io.BytesIO(stdin.read())
-                result = convert(args.source, args.output, stream, args.max_output_bytes)
+                result = convert(
+                    args.source,
+                    args.output,
+                    stream,
+                    args.max_output_bytes,
+                    args.time_limit_seconds,
+                )
         except Exception as error:  # parser errors arrive wrapped in FileConversionException
             result = _error(classify(error, args.source), error)
         _write_result(args.result, result)

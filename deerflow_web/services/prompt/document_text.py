@@ -21,6 +21,7 @@ from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import CONVERTIBLE_EXTENSIONS
+from deerflow_web.models import DOCUMENT_EXTENSIONS
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
@@ -84,6 +85,8 @@ def current_companion(
             record.conversion_state is ConversionState.DONE or other.source is RecordSource.DISK
         ):
             return other
+    if suffix_of(record.filename).lower() not in DOCUMENT_EXTENSIONS:
+        return None  # DeerFlow converts documents only: `photo.md` is not a photo's text
     by_name = companion_name(record.filename)
     for other in records:
         if (

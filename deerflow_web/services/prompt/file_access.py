@@ -28,13 +28,19 @@ from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
 from deerflow_web.errors import UploadNotFound
+from deerflow_web.models import OCR_IMAGE_EXTENSIONS
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import suffix_of
 from deerflow_web.services.files.artifacts import is_foreign_upload
 from deerflow_web.services.prompt.document_text import DocumentNotReadable
 from deerflow_web.services.prompt.document_text import DocumentStillConverting
 from deerflow_web.services.prompt.document_text import DocumentTexts
 from deerflow_web.services.prompt.document_text import is_document_name
 from deerflow_web.services.prompt.document_text import misnamed_document
+from deerflow_web.services.prompt.page_lines import READ_NOTE
+from deerflow_web.services.prompt.page_lines import PageTracker
+from deerflow_web.services.prompt.page_lines import line_label
+from deerflow_web.services.prompt.page_lines import match_fields
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
 from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import is_staging_name
@@ -256,15 +262,22 @@ class UserDataFiles:
                     "with its extension, then read it again."
                 )
             return False
+        image = suffix_of(real.name).lower() in OCR_IMAGE_EXTENSIONS
+        if image and (self._documents is None or real.parent != self._uploads_dir()):
+            return False  # a chart in outputs/: a binary file, as it always was
         if self._documents is None:
             raise FileAccessError(NO_CONVERSION.format(path=shown_path))
-        uploads = self._documents.uploads_dir.resolve()
+        uploads = self._uploads_dir()
         if real.parent != uploads:
             raise FileAccessError(
                 f"{shown_path} is a document outside /mnt/user-data/uploads; only uploaded "
                 "documents are converted to text."
             )
         return True
+
+    def _uploads_dir(self) -> Path:
+        assert self._documents is not None
+        return self._documents.uploads_dir.resolve()
 
     def _document_text(
         self, real: Path, shown_path: str, tool: str, wait: float | None = None
@@ -354,9 +367,11 @@ class UserDataFiles:
         if end_line is not None and end_line < start:
             raise FileAccessError("end_line must not be smaller than start_line.")
         label = shown_path
+        paged = False
         if self._uploaded_document(real, shown_path):
             real = self._document_text(real, shown_path, "read_file")
             label = f"{shown_path} as Markdown text"
+            paged = True
         elif _is_binary(real):
             raise FileAccessError(
                 f"{shown_path} is a binary file; read_file shows text only. "
@@ -365,7 +380,8 @@ class UserDataFiles:
         last = start + MAX_READ_LINES - 1
         if end_line is not None:
             last = min(last, end_line)
-        lines, total, stopped_at = self._numbered(real, start, last)
+        pages = PageTracker() if paged else None
+        lines, total, stopped_at = self._numbered(real, start, last, pages)
         if total == 0:
             return f"[{shown_path} is empty]"
         if start > total:
@@ -373,7 +389,8 @@ class UserDataFiles:
                 f"start_line {start} is past the end of {shown_path} ({total} lines)."
             )
         end = stopped_at
-        header = f"[{label}, lines {start}-{end} of {total}]"
+        note = f"; {READ_NOTE}" if pages is not None and pages.seen else ""
+        header = f"[{label}, lines {start}-{end} of {total}{note}]"
         body = "\n".join(lines)
         if end < total and (end_line is None or end < end_line):
             body += (
@@ -383,7 +400,11 @@ class UserDataFiles:
         return f"{header}\n{body}"
 
     @staticmethod
-    def _numbered(real: Path, start: int, last: int) -> tuple[list[str], int, int]:
+    def _numbered(
+        real: Path, start: int, last: int, pages: PageTracker | None = None
+    ) -> tuple[list[str], int, int]:
+        """Lines `start`..`last` numbered (and labelled with their page when `pages`
+        follows a converted document's markers), the line count, the last line given."""
         lines: list[str] = []
         chars = 0
         total = 0
@@ -392,9 +413,13 @@ class UserDataFiles:
         with real.open(encoding="utf-8", errors="replace", newline="") as handle:
             for number, raw in enumerate(handle, start=1):
                 total = number
+                mark = pages.line(raw) if pages is not None else None
                 if full or number < start or number > last:
                     continue
-                line = f"{number:>6}\t{neutralize(_clip(raw), keep_tabs=True)}"
+                prefix = f"{number:>6}"
+                if mark is not None:
+                    prefix = f"{prefix} {line_label(mark)}"
+                line = f"{prefix}\t{neutralize(_clip(raw), keep_tabs=True)}"
                 if lines and chars + len(line) > MAX_READ_CHARS:
                     full = True
                     continue
@@ -487,9 +512,11 @@ class UserDataFiles:
             bytes_left -= size
             searched += 1
             number = 0
+            pages = PageTracker() if texts.get(walked.virtual_path) is not None else None
             try:
                 with text_path.open(encoding="utf-8", errors="replace") as handle:
                     for number, raw in enumerate(handle, start=1):
+                        mark = pages.line(raw) if pages is not None else None
                         line = _clip(raw)
                         if not _matches(compiled, line, budget):
                             continue
@@ -500,6 +527,7 @@ class UserDataFiles:
                             {
                                 "path": neutralize(walked.virtual_path),
                                 "line": number,
+                                **match_fields(mark),
                                 "text": neutralize(line.strip(), keep_tabs=True),
                             }
                         )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deerflow_web.models import UploadRecord
+from deerflow_web.services.conversion.page_marks import parse_mark
 from deerflow_web.storage.filenames import companion_name
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def _preview(md_path: Path) -> list[str]:
         with md_path.open(encoding="utf-8") as handle:
             for line in handle:
                 stripped = line.strip()
-                if stripped:
+                if stripped and parse_mark(stripped) is None:  # page markers are not text
                     lines.append(stripped)
                     if len(lines) == MAX_PREVIEW_LINES:
                         break

@@ -28,7 +28,7 @@ from pathlib import Path
 from deerflow_web.errors import InvalidThreadId
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import UnsafeFolder
-from deerflow_web.models import CONVERTIBLE_EXTENSIONS
+from deerflow_web.models import DOCUMENT_EXTENSIONS
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import Area
 from deerflow_web.models import RecordSource
@@ -248,7 +248,7 @@ def _companions(uploads: Path, names: list[str]) -> dict[str, str]:
             other
             for other in names
             if is_companion_name(name, other)
-            and Path(other).suffix.lower() in CONVERTIBLE_EXTENSIONS
+            and Path(other).suffix.lower() in DOCUMENT_EXTENSIONS  # DeerFlow's converter
         ]
         if len(originals) != 1:
             continue

@@ -39,7 +39,7 @@ from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import UnsafeFilename
 from deerflow_web.errors import UploadNotFound
-from deerflow_web.models import CONVERTIBLE_EXTENSIONS
+from deerflow_web.models import DOCUMENT_EXTENSIONS
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.models import RecordSource
@@ -800,7 +800,8 @@ def _is_companion_of(record: UploadRecord, original: str) -> bool:
         return record.converted_from == original
     return (
         record.source is RecordSource.DISK
-        and PurePosixPath(original).suffix.lower() in CONVERTIBLE_EXTENSIONS
+        # DeerFlow's own converter makes Markdown of documents only, never of images
+        and PurePosixPath(original).suffix.lower() in DOCUMENT_EXTENSIONS
         and is_companion_name(record.filename, original)
     )
 

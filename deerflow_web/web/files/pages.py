@@ -364,6 +364,19 @@ def _image_url(thread: ThreadFolders, user_data_path: str) -> str | None:
     return helpers.artifact_href(thread.thread_id, user_data_path)
 
 
+MAX_PDF_PAGE = 100_000
+
+
+def _pdf_page(value: str | None) -> int | None:
+    """`?page=N` of a PDF preview: the page to open at (a citation's "page 3"). Anything
+    that is not a page number opens the PDF at its start, as a PDF viewer treats a bad
+    `#page=` fragment."""
+    if value is None or not value.isdigit() or len(value) > 6:
+        return None
+    number = int(value)
+    return number if 1 <= number <= MAX_PDF_PAGE else None
+
+
 @bp.get("/threads/<thread_id>/files/<path:path>")
 def preview_file(path: str) -> str:
     """Show one file of the thread: rendered, as text, as media, or as a download card."""
@@ -390,6 +403,7 @@ def preview_file(path: str) -> str:
         preview=preview,
         rendered=Markup(preview.html),  # markdown_render's output: sanitised by construction
         show_source=request.args.get("view") == "source",
+        pdf_page=_pdf_page(request.args.get("page")),
         record=record,
         outline=[entry for entry in outline if "title" in entry],
         outline_truncated=any(entry.get("truncated") for entry in outline),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import UploadActions
 from tests.helpers import threads_root
 from tests.helpers import uploads_dir
 from tests.helpers import user_data_dir
+from tests.helpers import wait_until
 
 
 def on_disk(base_dir: Path, *names: str, thread_id: str = "T") -> Path:
@@ -124,6 +126,43 @@ def test_delete_of_a_non_convertible_keeps_its_md(uploads: UploadActions, base_d
     folder = on_disk(base_dir, "data.csv", "data.md")
     uploads.delete("T", "data.csv")
     assert os.listdir(folder) == ["data.md"]
+
+
+def test_delete_of_an_image_keeps_a_md_of_the_same_name(
+    uploads: UploadActions, base_dir: Path
+) -> None:
+    """Images convert (OCR), but DeerFlow's converter never makes Markdown of them: a
+    `photo.md` found next to `photo.png` is the user's own file."""
+    folder = on_disk(base_dir, "photo.png", "photo.md")
+    uploads.delete("T", "photo.png")
+    assert os.listdir(folder) == ["photo.md"]
+
+
+def test_an_uploaded_image_converts_to_its_text_and_size(
+    uploads: UploadActions, base_dir: Path, client: Any, tmp_path: Path
+) -> None:
+    from tests.support.images import make_text_png
+
+    png = make_text_png(tmp_path / "shot.png")
+    uploads.upload("T", (png.read_bytes(), "shot.png"))
+
+    response = client.post("/api/threads/T/uploads/shot.png/convert")
+    if response.status_code == 202:  # a busy machine: follow the job in the list
+        wait_until(
+            lambda: (
+                next(f for f in uploads.list("T")["files"] if f["filename"] == "shot.png")[
+                    "conversion_state"
+                ]
+                == "done"
+            ),
+            timeout=120,
+        )
+    else:
+        assert response.status_code == 200, response.get_json()
+    markdown = (uploads_dir(base_dir, "T") / "shot.md").read_text(encoding="utf-8")
+    assert markdown.startswith("<!-- image: 1400 x ")
+    assert "pixels (PNG); OCR, mean confidence" in markdown
+    assert "Invoice 2026-11 total 4,210.50 EUR" in markdown
 
 
 def test_delete_never_removes_a_md_the_user_uploaded(

@@ -527,6 +527,32 @@ def test_preview_kinds(app: Flask, client: FlaskClient, name: str, body: bytes, 
     assert marker in preview(client, f"uploads/{name}")
 
 
+@pytest.mark.parametrize(
+    ("query", "fragment"),
+    (
+        ("?page=3", "#page=3"),
+        ("?page=100000", "#page=100000"),
+        ("?page=0", ""),
+        ("?page=-2", ""),
+        ("?page=three", ""),
+        ("?page=100001", ""),
+        ("?page=3%22%3E%3Cscript%3E", ""),
+        ("", ""),
+    ),
+)
+def test_a_pdf_preview_opens_at_the_cited_page(
+    app: Flask, client: FlaskClient, query: str, fragment: str
+) -> None:
+    """`?page=N` (an answer citing "report.pdf, page 3") opens the PDF viewer at that page;
+    anything else opens it at the start."""
+    seed(app, "t1", {"report.pdf": b"%PDF-1.4\n"})
+    html = preview(client, f"uploads/report.pdf{query}")
+    src = "/api/threads/t1/artifacts/mnt/user-data/uploads/report.pdf" + fragment
+    assert f'<iframe class="pdf-frame" src="{src}"' in html
+    assert f'<a href="{src}">' in html
+    assert "<script>" not in html
+
+
 def test_large_file_is_truncated_with_a_note(app: Flask, client: FlaskClient) -> None:
     seed(app, "t1", {"big.log": b"line\n" * 300_000})  # 1.4 MiB
     html = preview(client, "uploads/big.log")
