@@ -24,6 +24,23 @@ VIRTUAL_UPLOADS_DIR = f"{VIRTUAL_PATH_PREFIX}/uploads"
 CONVERTIBLE_EXTENSIONS = frozenset({".pdf", ".ppt", ".pptx", ".xls", ".xlsx", ".doc", ".docx"})
 
 
+# Archives whose members agents read by path (`uploads/a.zip/q3/x.docx`) and that can be
+# extracted; the longest suffix first, so `.tar.gz` is not taken for `.gz`.
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip", ".tar")
+
+
+def archive_suffix(name: str) -> str | None:
+    """The archive suffix a name ends with (case-insensitive), or None."""
+    lowered = name.lower()
+    return next((suffix for suffix in ARCHIVE_SUFFIXES if lowered.endswith(suffix)), None)
+
+
+def is_archive_name(name: str) -> bool:
+    """Whether the name claims an archive format this app reads."""
+    suffix = archive_suffix(name)
+    return suffix is not None and len(name) > len(suffix)
+
+
 class Area(enum.StrEnum):
     """The three folders of a thread's user-data, as agents see them under /mnt/user-data."""
 

@@ -30,6 +30,7 @@ from deerflow_web.errors import PathTraversal
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
+from deerflow_web.models import is_archive_name
 
 THREAD_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 USER_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
@@ -368,6 +369,32 @@ class ThreadPaths:
         if not actual.is_relative_to(base):
             raise PathTraversal()
         return actual
+
+    def split_archive_path(self, resolved: Path, user_data: Path) -> tuple[Path, str] | None:
+        """(archive, member path) when a resolved virtual path runs through an archive.
+
+        `uploads/reports.zip/q3/summary.docx` does not exist on disk: its first component
+        that is not a folder is `reports.zip`, a regular file named like an archive, so the
+        rest names a member inside it (read by `services/archives`). Anything else on the
+        way (a link, a plain file, a missing folder) means there is no such member.
+        """
+        try:
+            parts = resolved.relative_to(user_data).parts
+        except ValueError:
+            return None
+        current = user_data
+        for index, part in enumerate(parts[:-1]):
+            current = current / part
+            try:
+                info = os.lstat(current)
+            except OSError:
+                return None
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if stat.S_ISREG(info.st_mode) and is_archive_name(part):
+                return current, "/".join(parts[index + 1 :])
+            return None
+        return None
 
     def iter_uploads_dirs(self) -> Iterator[Path]:
         """Every existing uploads folder in both layouts, for start-up sweeps and indexes.
