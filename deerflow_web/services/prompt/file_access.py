@@ -233,6 +233,14 @@ def _is_binary(path: Path) -> bool:
     return is_binary_head(_head(path))
 
 
+def _refusal_under(path: str | None, folder: str) -> bool:
+    """Whether a refused member belongs to a folder's listing; one refused for its name
+    (no safe path) belongs to the archive's root."""
+    if path is None:
+        return not folder
+    return not folder or path.startswith(f"{folder}/")
+
+
 def _clip(line: str) -> str:
     line = line.rstrip("\r\n")
     if len(line) > MAX_LINE_CHARS:
@@ -349,9 +357,7 @@ class UserDataFiles:
         """What read_file answers for an archive, or a folder inside one: its members."""
         prefix = f"{folder}/" if folder else ""
         files = [m for m in listing.files if m.name.startswith(prefix)]
-        refused = [
-            r for r in listing.refused if r.path is None or (r.path or "").startswith(prefix)
-        ]
+        refused = [r for r in listing.refused if _refusal_under(r.path, folder)]
         kind = "a folder of the archive" if folder else "an archive"
         lines = [
             f"[{shown_path} is {kind} holding {len(files)} file(s); read one with read_file "
@@ -468,7 +474,7 @@ class UserDataFiles:
             return
         prefix = f"{folder}/" if folder else ""
         for refusal in listing.refused if refused is not None else ():
-            if refusal.path is None or refusal.path.startswith(prefix):
+            if _refusal_under(refusal.path, folder):
                 refused.append({"path": neutralize(archive.virtual_path), "reason": refusal.reason})
         for member in listing.files:
             if not member.name.startswith(prefix):
