@@ -216,6 +216,11 @@ class UploadRecord:
         """Whether markitdown can turn this file into a Markdown companion."""
         return self.extension.lower() in CONVERTIBLE_EXTENSIONS
 
+    @property
+    def archive(self) -> bool:
+        """Whether this is an archive whose members can be read and extracted."""
+        return is_archive_name(self.filename)
+
 
 @dataclass(frozen=True)
 class ResumableUpload:
