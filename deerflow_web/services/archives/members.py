@@ -56,6 +56,10 @@ _TEXT_NAME = "text.md"
 _FAILED_NAME = "failed.txt"
 _HASH_CHUNK = 1024 * 1024
 _KNOWN_HASHES = 1024
+# Member conversions started and not finished in one process, waiting ones included: a
+# grep over an archive of a thousand documents starts this many, and says of the others
+# that their text is not ready yet, instead of queueing a thousand threads.
+MAX_PENDING_CONVERSIONS = 16
 
 
 class TextStillConverting(DeerFlowError):
@@ -112,21 +116,33 @@ class MemberConverter:
 
 
 class _Conversions:
-    """The member conversions running in this process, one per destination."""
+    """The member conversions of this process: one per destination, and at most
+    `conversion.workers` converter processes at once (more wait their turn), as many as
+    the upload conversion jobs may run."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: dict[Path, threading.Thread] = {}
+        self._slots: threading.Semaphore | None = None
 
-    def start(self, key: Path, work: Callable[[], None]) -> threading.Thread:
+    def pending(self) -> int:
+        """Conversions started and not finished (running or waiting for a slot)."""
+        with self._lock:
+            return sum(thread.is_alive() for thread in self._running.values())
+
+    def start(self, key: Path, work: Callable[[], None], workers: int) -> threading.Thread:
         with self._lock:
             running = self._running.get(key)
             if running is not None and running.is_alive():
                 return running
+            if self._slots is None:
+                self._slots = threading.BoundedSemaphore(max(workers, 1))
+            slots = self._slots
 
             def run() -> None:
                 try:
-                    work()
+                    with slots:
+                        work()
                 finally:
                     with self._lock:
                         self._running.pop(key, None)
@@ -310,6 +326,11 @@ class ArchiveMembers:
         known = self._known(entry)
         if known is not None:
             return (None, None) if start_only else (self._known_text(entry, member.name), None)
+        if _conversions.pending() >= MAX_PENDING_CONVERSIONS:
+            raise TextStillConverting(
+                f"{member.name} waits for a converter: {MAX_PENDING_CONVERSIONS} archive "
+                "members are being converted"
+            )
         source = self.member_file(archive, member)
         return None, self._start(source, entry)
 
@@ -323,6 +344,8 @@ class ArchiveMembers:
             )
         entry = self.cache_dir / "files" / file_sha256(source)
         if self._known(entry) is None:
+            if _conversions.pending() >= MAX_PENDING_CONVERSIONS:
+                raise TextStillConverting(f"{source.name} waits for a converter")
             self._start(source, entry).join(max(wait, 0.0))
         return self._known_text(entry, source.name, waiting=True)
 
@@ -348,7 +371,7 @@ class ArchiveMembers:
                 logger.exception("conversion of archive member %s failed", source.name)
                 _write_atomically(entry / _FAILED_NAME, f"Conversion of {source.name} failed")
 
-        return _conversions.start(entry, convert)
+        return _conversions.start(entry, convert, converter.settings.workers)
 
     @staticmethod
     def _known(entry: Path) -> Path | None:

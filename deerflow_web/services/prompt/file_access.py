@@ -824,7 +824,7 @@ class UserDataFiles:
             assert walked.archive is not None and walked.member is not None
             try:
                 self._archives.start_text(walked.archive, walked.member)
-            except (ArchiveError, ConversionError):
+            except (ArchiveError, ConversionError, TextStillConverting):
                 pass  # reported below, when its text is asked for
         for walked in converting:
             assert walked.archive is not None and walked.member is not None

@@ -167,3 +167,37 @@ def test_member_bytes_stay_in_the_thread_folder_outside_user_data(
     assert added and all(name.startswith("threads/t1/archive-cache") for name in added)
     assert _tree(base_dir / "threads/t1/user-data") == user_data
     assert not any("escape" in name for name in _tree(base_dir))
+
+
+def test_member_conversions_are_bounded(service: UploadService) -> None:
+    import threading
+    import time
+
+    from deerflow_web.services.archives import members as archive_members
+    from tests.helpers import wait_until
+
+    running = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    def slow(source: Path, destination: Path, **limits: object) -> None:
+        with lock:
+            running["now"] += 1
+            running["most"] = max(running["most"], running["now"])
+        time.sleep(0.05)
+        destination.write_text(source.read_text(), encoding="utf-8")
+        with lock:
+            running["now"] -= 1
+
+    count = archive_members.MAX_PENDING_CONVERSIONS + 4
+    _upload(service, "many.zip", make_zip({f"d{i}.docx": b"word" for i in range(count)}))
+    jobs = ConversionJobs(service, ConversionSettings(workers=2), converter=slow)
+    files = UserDataFiles(service.paths, "t1", None, DocumentTexts(jobs, "t1", None, 0.0))
+    first = files.grep("word", UPLOADS)
+    assert archive_members._conversions.pending() <= archive_members.MAX_PENDING_CONVERSIONS
+    assert len(first["skipped"]) == count  # none ready within a wait of 0 s
+    assert all("is still converting to text" in s["reason"] for s in first["skipped"])
+    wait_until(lambda: archive_members._conversions.pending() == 0, timeout=30)
+    assert running["most"] <= 2
+    again = DocumentTexts(jobs, "t1", None, 10.0)
+    second = UserDataFiles(service.paths, "t1", None, again).grep("word", UPLOADS)
+    assert len(second["matches"]) == count
