@@ -21,6 +21,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import ArchiveMemberRefused
 from deerflow_web.errors import NameConflict
 from deerflow_web.errors import NotAnArchive
@@ -108,6 +109,12 @@ class ArchiveExtractor:
             ArchiveRefused: The whole archive is refused (nothing was written).
             NameConflict: `reject` and the folder exists.
         """
+        # Decompressing up to `max_uncompressed_size` takes seconds: off the event loop.
+        return off_loop(self._extract, thread_id, filename, user_id, on_conflict)
+
+    def _extract(
+        self, thread_id: str, filename: str, user_id: str | None, on_conflict: OnConflict
+    ) -> Extraction:
         self.uploads.get_upload(thread_id, filename, user_id)  # a listed upload, no stranger
         folder_name = folder_name_for(filename)
         source = self.uploads.uploads_dir(thread_id, user_id) / filename

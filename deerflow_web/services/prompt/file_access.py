@@ -501,7 +501,8 @@ class UserDataFiles:
         """
         shown_path = neutralize(virtual_path)
         real = self.resolve(virtual_path)
-        inside = None if real.exists() else self._inside_archive(real)
+        # Archives are decompressed here: off the event loop, as grep's matching is.
+        inside = None if real.exists() else off_loop(self._inside_archive, real)
         if inside is None:
             if not real.exists() or is_staging_name(real.name):
                 raise FileAccessError(f"File not found: {shown_path}")
@@ -519,7 +520,7 @@ class UserDataFiles:
         label = shown_path
         if inside is not None or is_archive_name(real.name):
             archive, name = inside or (self._archive_at(real), "")
-            target = self._member_target(archive, name, shown_path, "read_file")
+            target = off_loop(self._member_target, archive, name, shown_path, "read_file")
             if isinstance(target, str):
                 return target
             real, label = target
@@ -574,6 +575,10 @@ class UserDataFiles:
 
     def glob(self, pattern: str, virtual_path: str = VIRTUAL_PATH_PREFIX) -> dict[str, Any]:
         """Virtual paths of the files under `virtual_path` whose relative path matches."""
+        # Listing a .tar.gz decompresses it: off the event loop.
+        return off_loop(self._glob, pattern, virtual_path)
+
+    def _glob(self, pattern: str, virtual_path: str) -> dict[str, Any]:
         matcher = compile_glob(pattern)
         refused: list[dict[str, str]] = []
         walked_files = self._walk_path(virtual_path, refused)

@@ -171,19 +171,19 @@ def test_member_bytes_stay_in_the_thread_folder_outside_user_data(
 
 def test_member_conversions_are_bounded(service: UploadService) -> None:
     import threading
-    import time
 
     from deerflow_web.services.archives import members as archive_members
     from tests.helpers import wait_until
 
     running = {"now": 0, "most": 0}
     lock = threading.Lock()
+    release = threading.Event()
 
     def slow(source: Path, destination: Path, **limits: object) -> None:
         with lock:
             running["now"] += 1
             running["most"] = max(running["most"], running["now"])
-        time.sleep(0.05)
+        release.wait(30)  # none finishes before the first grep has answered
         destination.write_text(source.read_text(), encoding="utf-8")
         with lock:
             running["now"] -= 1
@@ -196,6 +196,7 @@ def test_member_conversions_are_bounded(service: UploadService) -> None:
     assert archive_members._conversions.pending() <= archive_members.MAX_PENDING_CONVERSIONS
     assert len(first["skipped"]) == count  # none ready within a wait of 0 s
     assert all("is still converting to text" in s["reason"] for s in first["skipped"])
+    release.set()
     wait_until(lambda: archive_members._conversions.pending() == 0, timeout=30)
     assert running["most"] <= 2
     again = DocumentTexts(jobs, "t1", None, 10.0)
