@@ -20,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import secrets
+import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -53,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 CACHE_FOLDER = "archive-cache"
 _TEXT_NAME = "text.md"
+_SOURCE_NAME = "source"
+_ARCHIVE_FOLDER = re.compile(r"[0-9a-f]{64}")
 _FAILED_NAME = "failed.txt"
 _HASH_CHUNK = 1024 * 1024
 _KNOWN_HASHES = 1024
@@ -249,6 +253,27 @@ class ArchiveMembers:
         digest = hashlib.sha256(member.encode("utf-8", "surrogateescape")).hexdigest()[:32]
         return self.cache_dir / file_sha256(archive.path) / digest
 
+    def _claim_archive_folder(self, archive: ArchiveAt) -> None:
+        """Create the cache folder of an archive's bytes, first dropping the folders of
+        archives that are gone or were replaced (each folder names its archive's path in
+        `source`), so a thread's cache holds what its archives hold now, not every
+        version ever read."""
+        folder = self.cache_dir / file_sha256(archive.path)
+        if folder.is_dir():
+            return
+        self._paths.make_dirs(folder)
+        _write_atomically(folder / _SOURCE_NAME, str(archive.path))
+        for other in self.cache_dir.iterdir():
+            if other == folder or not _ARCHIVE_FOLDER.fullmatch(other.name):
+                continue
+            try:
+                source = Path((other / _SOURCE_NAME).read_text(encoding="utf-8"))
+                current = source.is_file() and file_sha256(source) == other.name
+            except (OSError, ValueError):
+                current = False
+            if not current:
+                shutil.rmtree(other, ignore_errors=True)
+
     def member_file(self, archive: ArchiveAt, member: ArchiveMember) -> Path:
         """The member's bytes in the cache, read out of the archive if not there yet."""
         found = self.member_files(archive, [member])[member.name]
@@ -271,6 +296,7 @@ class ArchiveMembers:
                 missing.append(member)
         if not missing:
             return found
+        self._claim_archive_folder(archive)
         for stream in iter_member_streams(archive.path, missing, self.limits, archive.name):
             folder = self._entry(archive, stream.member.name) / "member"
             self._paths.make_dirs(folder)

@@ -202,3 +202,19 @@ def test_member_conversions_are_bounded(service: UploadService) -> None:
     again = DocumentTexts(jobs, "t1", None, 10.0)
     second = UserDataFiles(service.paths, "t1", None, again).grep("word", UPLOADS)
     assert len(second["matches"]) == count
+
+
+def test_a_replaced_archive_serves_its_new_members_and_drops_the_old_cache(
+    service: UploadService, base_dir: Path
+) -> None:
+    _upload(service, "r.zip", make_zip({"a.txt": b"old words"}))
+    _upload(service, "keep.zip", make_zip({"k.txt": b"kept"}))
+    files = _files(service)
+    assert files.read(f"{UPLOADS}/r.zip/a.txt").endswith("old words")
+    assert files.read(f"{UPLOADS}/keep.zip/k.txt").endswith("kept")
+    cache = base_dir / "threads/t1/archive-cache"
+    assert len(list(cache.iterdir())) == 2
+    _upload(service, "r.zip", make_zip({"a.txt": b"new words"}))
+    assert _files(service).read(f"{UPLOADS}/r.zip/a.txt").endswith("new words")
+    assert len(list(cache.iterdir())) == 2  # the old r.zip's folder went, keep.zip's stayed
+    assert not any("old words" in p.read_text() for p in cache.rglob("a.txt"))
