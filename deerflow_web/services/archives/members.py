@@ -249,9 +249,9 @@ class ArchiveMembers:
             raise ArchiveMemberRefused(refusal.name, refusal.reason)
         raise ArchiveMemberNotFound(archive.name, name)
 
-    def _entry(self, archive: ArchiveAt, member: str) -> Path:
+    def _entry(self, archive: ArchiveAt, member: str, archive_sha: str | None = None) -> Path:
         digest = hashlib.sha256(member.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-        return self.cache_dir / file_sha256(archive.path) / digest
+        return self.cache_dir / (archive_sha or file_sha256(archive.path)) / digest
 
     def _claim_archive_folder(self, archive: ArchiveAt) -> None:
         """Create the cache folder of an archive's bytes, first dropping the folders of
@@ -288,8 +288,10 @@ class ArchiveMembers:
         only read front to back); a member refused while read maps to its refusal."""
         found: dict[str, Path | ArchiveMemberRefused] = {}
         missing: list[ArchiveMember] = []
+        archive_sha = file_sha256(archive.path)  # once: an archive of 10,000 members
         for member in members:
-            path = self._entry(archive, member.name) / "member" / PurePosixPath(member.name).name
+            entry = self._entry(archive, member.name, archive_sha)
+            path = entry / "member" / PurePosixPath(member.name).name
             if path.is_file():
                 found[member.name] = path
             else:
@@ -298,7 +300,7 @@ class ArchiveMembers:
             return found
         self._claim_archive_folder(archive)
         for stream in iter_member_streams(archive.path, missing, self.limits, archive.name):
-            folder = self._entry(archive, stream.member.name) / "member"
+            folder = self._entry(archive, stream.member.name, archive_sha) / "member"
             self._paths.make_dirs(folder)
             target = folder / PurePosixPath(stream.member.name).name
             staging = folder / f"{STAGING_PREFIX}{secrets.token_hex(8)}{STAGING_SUFFIX}"
