@@ -112,6 +112,13 @@ class WalkedFile:
     archive: ArchiveAt | None = None
     member: ArchiveMember | None = None
 
+    @property
+    def name(self) -> str:
+        """The file's own name (a member's, not its archive's)."""
+        if self.member is not None:
+            return PurePosixPath(self.member.name).name
+        return self.real_path.name
+
 
 def _segment_regex(segment: str) -> str:
     out: list[str] = []
@@ -663,7 +670,7 @@ class UserDataFiles:
         targets = []
         for walked in self._grep_targets(virtual_path, skipped):
             if name_matcher is not None:
-                candidate = walked.real_path.name if by_name else walked.relative
+                candidate = walked.name if by_name else walked.relative
                 if not name_matcher.fullmatch(candidate):
                     continue
             targets.append(walked)

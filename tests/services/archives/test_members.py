@@ -152,6 +152,10 @@ def test_grep_searches_text_and_document_members(service: UploadService) -> None
     ]
     one = _files(service).grep("needle", f"{UPLOADS}/r.zip/a/notes.txt")
     assert [m["line"] for m in one["matches"]] == [2]
+    by_name = _files(service).grep("(?i)needle", UPLOADS, file_glob="*.docx")
+    assert [m["path"] for m in by_name["matches"]] == [f"{UPLOADS}/r.zip/b.docx"], by_name
+    by_path = _files(service).grep("needle", f"{UPLOADS}/r.zip", file_glob="a/*.txt")
+    assert [m["path"] for m in by_path["matches"]] == [f"{UPLOADS}/r.zip/a/notes.txt"]
 
 
 def test_member_bytes_stay_in_the_thread_folder_outside_user_data(
