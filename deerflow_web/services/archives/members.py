@@ -209,6 +209,9 @@ class ArchiveMembers:
                 if found is not None and is_archive_name(parts[cut - 1]):
                     inner = (found, "/".join(parts[cut:]))
                     break
+                refused = listing.refusal(head)
+                if refused is not None:  # a path through a refused member: say why
+                    raise ArchiveMemberRefused(refused.name, refused.reason)
             if inner is None:
                 break
             member, rest = inner

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from tests.support.archives import make_overlapping_zip
 from tests.support.archives import make_tar
 from tests.support.archives import make_zip
 from tests.support.archives import make_zip_with_modes
+from tests.support.archives import tar_entry
 
 UPLOADS = "/mnt/user-data/uploads"
 
@@ -222,3 +224,18 @@ def test_a_replaced_archive_serves_its_new_members_and_drops_the_old_cache(
     assert _files(service).read(f"{UPLOADS}/r.zip/a.txt").endswith("new words")
     assert len(list(cache.iterdir())) == 2  # the old r.zip's folder went, keep.zip's stayed
     assert not any("old words" in p.read_text() for p in cache.rglob("a.txt"))
+
+
+def test_a_path_through_a_refused_member_names_its_refusal(service: UploadService) -> None:
+    from tests.support.archives import ZEROS
+
+    inner = make_zip({"zeros.txt": b"\0" * ZEROS, "x.txt": b"x"})
+    _upload(service, "outer.zip", make_zip({"inner.zip": inner}))
+    link = tar_entry("docs", tarfile.SYMTYPE, link="/etc")
+    _upload(service, "links.tar", make_tar([link, ("ok.txt", b"ok")]))
+    files = _files(service)
+    with pytest.raises(DeerFlowError, match="member 'zeros.txt': compression ratio over 200"):
+        files.read(f"{UPLOADS}/outer.zip/inner.zip/zeros.txt")
+    assert files.read(f"{UPLOADS}/outer.zip/inner.zip/x.txt").endswith("\tx")
+    with pytest.raises(DeerFlowError, match=r"member 'docs' is a symlink \(symlink member\)"):
+        files.read(f"{UPLOADS}/links.tar/docs/passwd")
