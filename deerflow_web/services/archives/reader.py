@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import BinaryIO
 
@@ -104,21 +105,30 @@ class ArchiveListing:
     members: tuple[ArchiveMember, ...]
     refused: tuple[MemberRefusal, ...]
 
-    @property
+    @cached_property
     def files(self) -> tuple[ArchiveMember, ...]:
         """The members that are files (folders are only structure)."""
         return tuple(member for member in self.members if not member.is_dir)
 
+    @cached_property
+    def _by_name(self) -> dict[str, ArchiveMember]:
+        return {member.name: member for member in self.files}
+
+    @cached_property
+    def _folders(self) -> frozenset[str]:
+        folders = {m.name for m in self.members if m.is_dir}
+        for member in self.members:
+            parts = member.name.split("/")[:-1]
+            folders.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+        return frozenset(folders)
+
     def member(self, name: str) -> ArchiveMember | None:
         """The file member of that exact safe name."""
-        return next((m for m in self.members if m.name == name and not m.is_dir), None)
+        return self._by_name.get(name)
 
     def is_folder(self, name: str) -> bool:
         """Whether `name` is a folder of the archive (declared, or implied by a member)."""
-        if not name:
-            return True
-        prefix = name + "/"
-        return any(m.name == name and m.is_dir or m.name.startswith(prefix) for m in self.members)
+        return not name or name in self._folders
 
     def refusal(self, name: str) -> MemberRefusal | None:
         """The refusal of the member with that safe name, if it was refused."""
