@@ -23,6 +23,7 @@ from PIL import ImageFont
 
 from deerflow_web.models import CONVERTIBLE_EXTENSIONS
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.archives.extract import ArchiveExtractor
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
@@ -36,6 +37,7 @@ from tests.support.agent_helpers import human_with_files
 from tests.support.documents import make_docx
 
 UPLOADS = "/mnt/user-data/uploads"
+T1 = ThreadRef.single_user("t1")
 WORKSPACE = "/mnt/user-data/workspace"
 DOCX_WORD = "Zanzibarite"
 PNG_WORDS = "Invoice total 4210 EUR"
@@ -70,10 +72,10 @@ def test_the_agent_reads_and_searches_zip_members_then_their_extraction(
     base_dir: Path, service: UploadService, tmp_path: Path
 ) -> None:
     data = _zip(tmp_path)
-    service.save_uploads("t1", [IncomingFile("reports.zip", io.BytesIO(data))])
+    service.save_uploads(T1, [IncomingFile("reports.zip", io.BytesIO(data))])
 
     def after_extraction(_: list[BaseMessage]) -> AIMessage:
-        ArchiveExtractor(service, ArchiveLimits()).extract("t1", "reports.zip")
+        ArchiveExtractor(service, ArchiveLimits()).extract(T1, "reports.zip")
         return AIMessage(
             "",
             tool_calls=[
@@ -141,7 +143,7 @@ def test_the_agent_reads_and_searches_zip_members_then_their_extraction(
 def test_a_refused_archive_is_named_in_the_block(base_dir: Path, service: UploadService) -> None:
     from tests.support.archives import make_overlapping_zip
 
-    service.save_uploads("t1", [IncomingFile("bomb.zip", io.BytesIO(make_overlapping_zip()))])
+    service.save_uploads(T1, [IncomingFile("bomb.zip", io.BytesIO(make_overlapping_zip()))])
     model = DecidingModel(messages=iter([AIMessage("ok")]))
     agent = _agent(base_dir, service, model)
     files: Any = {"filename": "bomb.zip", "size": 10}

@@ -37,6 +37,8 @@ from deerflow_web.services.archives.reader import list_archive
 from deerflow_web.services.archives.reader import shown
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import ArchiveLimits
+from deerflow_web.storage.paths import Thread
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import storage_modes
 
 EXTRACT_AREA = Area.WORKSPACE
@@ -95,10 +97,9 @@ class ArchiveExtractor:
 
     def extract(
         self,
-        thread_id: str,
+        thread: Thread,
         filename: str,
         *,
-        user_id: str | None = None,
         on_conflict: OnConflict = OnConflict.RENAME,
     ) -> Extraction:
         """Extract the upload `filename` into `workspace/<its name without suffix>/`.
@@ -110,26 +111,23 @@ class ArchiveExtractor:
             NameConflict: `reject` and the folder exists.
         """
         # Decompressing up to `max_uncompressed_size` takes seconds: off the event loop.
-        return off_loop(self._extract, thread_id, filename, user_id, on_conflict)
+        return off_loop(self._extract, self.uploads.folders(thread), filename, on_conflict)
 
-    def _extract(
-        self, thread_id: str, filename: str, user_id: str | None, on_conflict: OnConflict
-    ) -> Extraction:
-        self.uploads.get_upload(thread_id, filename, user_id)  # a listed upload, no stranger
+    def _extract(self, thread: ThreadFolders, filename: str, on_conflict: OnConflict) -> Extraction:
+        self.uploads.get_upload(thread, filename)  # a listed upload, no stranger
         folder_name = folder_name_for(filename)
-        source = self.uploads.uploads_dir(thread_id, user_id) / filename
+        source = thread.uploads_dir() / filename
         if not source.is_file() or source.is_symlink():
             raise UploadNotFound(filename)
         listing = list_archive(source, self.limits, filename)
         refused = list(listing.refused)
-        thread_dir = self.paths.thread_dir(thread_id, user_id)
-        staging = thread_dir / CACHE_FOLDER / f".extract-{secrets.token_hex(8)}"
+        staging = thread.thread_dir() / CACHE_FOLDER / f".extract-{secrets.token_hex(8)}"
         self.paths.make_dirs(staging)
         try:
             written = self._write_members(source, filename, listing.members, staging, refused)
             if not written:
                 return Extraction(filename, None, [], refused)
-            area = self.paths.area_location(thread_id, EXTRACT_AREA, user_id)
+            area = thread.area_location(EXTRACT_AREA)
             self.paths.make_dirs(area)
             target = self._place(staging, area, folder_name, on_conflict)
         finally:

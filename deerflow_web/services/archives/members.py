@@ -48,7 +48,7 @@ from deerflow_web.settings import ArchiveLimits
 from deerflow_web.settings import ConversionSettings
 from deerflow_web.storage.paths import STAGING_PREFIX
 from deerflow_web.storage.paths import STAGING_SUFFIX
-from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import storage_modes
 
 logger = logging.getLogger(__name__)
@@ -165,21 +165,19 @@ class ArchiveMembers:
 
     def __init__(
         self,
-        paths: ThreadPaths,
-        thread_id: str,
-        user_id: str | None,
+        thread: ThreadFolders,
         limits: ArchiveLimits,
         converter: MemberConverter | None = None,
     ) -> None:
-        self._paths = paths
-        self._thread_dir = paths.thread_dir(thread_id, user_id)
+        self._thread = thread
+        self._paths = thread.paths
         self.limits = limits
         self.converter = converter
 
     @property
     def cache_dir(self) -> Path:
         """Where member bytes and texts are kept (not created until something is)."""
-        return self._thread_dir / CACHE_FOLDER
+        return self._thread.thread_dir() / CACHE_FOLDER
 
     def listing(self, archive: ArchiveAt) -> ArchiveListing:
         """The archive's members (refusals included); raises `ArchiveRefused`."""

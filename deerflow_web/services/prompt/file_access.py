@@ -48,7 +48,7 @@ from deerflow_web.services.prompt.document_text import is_document_name
 from deerflow_web.services.prompt.document_text import misnamed_document
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
 from deerflow_web.settings import ArchiveLimits
-from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import SNIFF_BYTES
 from deerflow_web.storage.sniff import is_binary_head
@@ -260,9 +260,7 @@ class UserDataFiles:
 
     def __init__(
         self,
-        paths: ThreadPaths,
-        thread_id: str,
-        user_id: str | None = None,
+        thread: ThreadFolders,
         documents: DocumentTexts | None = None,
         listed_upload: Callable[[str], bool] | None = None,
         archive_limits: ArchiveLimits | None = None,
@@ -270,11 +268,9 @@ class UserDataFiles:
         """`listed_upload(name)` says whether the upload listing includes a name; without
         it, no hard-linked file in uploads/ is read. Archives are read under
         `archive_limits`, else the documents' (the settings'), else the defaults."""
-        self._paths = paths
-        self._thread_id = thread_id
-        self._user_id = user_id
+        self._thread = thread
         self._listed_upload = listed_upload
-        self._base = paths.user_data_dir(thread_id, user_id).resolve()
+        self._base = thread.user_data_dir().resolve()
         self._documents = documents
         converter = (
             MemberConverter(documents.jobs.converter, documents.jobs.settings)
@@ -282,7 +278,7 @@ class UserDataFiles:
             else None
         )
         limits = archive_limits or (documents.archive_limits if documents else ArchiveLimits())
-        self._archives = ArchiveMembers(paths, thread_id, user_id, limits, converter)
+        self._archives = ArchiveMembers(thread, limits, converter)
 
     def _uploaded_document(self, real: Path, shown_path: str) -> bool:
         """Whether `real` is read through conversion; refuses documents it cannot convert.
@@ -350,7 +346,7 @@ class UserDataFiles:
         Raises:
             ArchiveRefused: An archive on the way is refused or nested too deep.
         """
-        split = self._paths.split_archive_path(real, self._base)
+        split = self._thread.split_archive_path(real)
         if split is None:
             return None
         archive, rest = split
@@ -408,13 +404,11 @@ class UserDataFiles:
 
     def _foreign(self, real: Path) -> bool:
         """A hard link in uploads/ that the listing leaves out: its bytes are not ours."""
-        return is_foreign_upload(
-            self._paths, self._thread_id, real, self._user_id, self._listed_upload
-        )
+        return is_foreign_upload(self._thread, real, self._listed_upload)
 
     def resolve(self, virtual_path: str) -> Path:
         """Map a virtual path to the host; raises the path errors of SPEC 1.9."""
-        return self._paths.resolve_virtual_path(self._thread_id, virtual_path, self._user_id)
+        return self._thread.resolve_virtual_path(virtual_path)
 
     def _virtual(self, real: Path) -> str:
         relative = real.relative_to(self._base).as_posix()

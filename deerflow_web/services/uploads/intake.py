@@ -24,6 +24,8 @@ from deerflow_web.services.uploads.service import AlsoInCommit
 from deerflow_web.services.uploads.service import Staging
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.storage.paths import Thread
+from deerflow_web.storage.paths import ThreadFolders
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class UploadIntake:
         self.extractor = extractor
 
     def _extract(
-        self, thread_id: str, result: UploadResult, user_id: str | None
+        self, thread: ThreadFolders, result: UploadResult
     ) -> list[Extraction | tuple[str, str]]:
         """Extract each stored archive; a refused one stays stored, its refusal reported."""
         if self.extractor is None:
@@ -62,49 +64,46 @@ class UploadIntake:
             if not is_archive_name(name):
                 continue
             try:
-                done.append(self.extractor.extract(thread_id, name, user_id=user_id))
+                done.append(self.extractor.extract(thread, name))
             except (ArchiveError, NameConflict) as error:
                 done.append((name, str(error)))
         return done
 
     def accept(
         self,
-        thread_id: str,
+        thread: Thread,
         files: Iterable[IncomingFile],
         *,
         on_conflict: OnConflict,
-        user_id: str | None = None,
     ) -> AcceptedUploads:
         """Save `files` (all or nothing, see `UploadService.save_uploads`), then convert."""
-        result = self.uploads.save_uploads(
-            thread_id, files, on_conflict=on_conflict, user_id=user_id
-        )
-        companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
-        return AcceptedUploads(result, companions, self._extract(thread_id, result, user_id))
+        folders = self.uploads.folders(thread)
+        result = self.uploads.save_uploads(folders, files, on_conflict=on_conflict)
+        companions = self.conversions.convert_after_upload(folders, result)
+        return AcceptedUploads(result, companions, self._extract(folders, result))
 
     def accept_staged(
         self,
-        thread_id: str,
+        thread: Thread,
         name: str,
         staging: Staging,
         *,
         sha256: str,
         content_type: str,
         on_conflict: OnConflict,
-        user_id: str | None = None,
         then: AlsoInCommit | None = None,
     ) -> AcceptedUploads:
         """Commit a file staged elsewhere (a finished resumable upload) exactly as a
         multipart part (see `UploadService.commit_staged`), then convert."""
+        folders = self.uploads.folders(thread)
         result = self.uploads.commit_staged(
-            thread_id,
+            folders,
             name,
             staging,
             sha256=sha256,
             content_type=content_type,
             on_conflict=on_conflict,
-            user_id=user_id,
             then=then,
         )
-        companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
-        return AcceptedUploads(result, companions, self._extract(thread_id, result, user_id))
+        companions = self.conversions.convert_after_upload(folders, result)
+        return AcceptedUploads(result, companions, self._extract(folders, result))

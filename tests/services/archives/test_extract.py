@@ -16,6 +16,7 @@ from deerflow_web.errors import NotAnArchive
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.archives.extract import ArchiveExtractor
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
@@ -42,8 +43,11 @@ def _extractor(service: UploadService, **limits: int) -> ArchiveExtractor:
     return ArchiveExtractor(service, ArchiveLimits(**limits))
 
 
+T1 = ThreadRef.single_user("t1")
+
+
 def _upload(service: UploadService, name: str, data: bytes) -> None:
-    service.save_uploads("t1", [IncomingFile(name, io.BytesIO(data))])
+    service.save_uploads(T1, [IncomingFile(name, io.BytesIO(data))])
 
 
 def _tree(root: Path) -> dict[str, int]:
@@ -61,7 +65,7 @@ def test_an_archive_is_extracted_into_a_folder_named_after_it(
     service: UploadService, base_dir: Path
 ) -> None:
     _upload(service, "reports.zip", make_zip({"q3/summary.txt": b"sum", "top.txt": b"top"}))
-    extraction = _extractor(service).extract("t1", "reports.zip")
+    extraction = _extractor(service).extract(T1, "reports.zip")
     assert extraction.as_dict() == {
         "archive": "reports.zip",
         "folder": f"{WORKSPACE}/reports",
@@ -99,7 +103,7 @@ def test_hostile_members_are_refused_by_name_and_nothing_leaves_the_thread(
     )
     _upload(service, "hostile.tar.gz", data)
     before = _tree(base_dir.parent)
-    extraction = _extractor(service).extract("t1", "hostile.tar.gz")
+    extraction = _extractor(service).extract(T1, "hostile.tar.gz")
     assert [f.name for f in extraction.files] == ["ok/fine.txt"]
     assert [r.reason for r in extraction.refused] == [
         "member '../../../../escape.txt' leaves the archive",
@@ -143,7 +147,7 @@ def test_a_refused_archive_writes_nothing(
     _upload(service, name, data)
     before = _tree(base_dir)
     with pytest.raises(ArchiveRefused) as refused:
-        _extractor(service, max_members=10).extract("t1", name)
+        _extractor(service, max_members=10).extract(T1, name)
     assert refused.value.reason == reason
     assert _tree(base_dir) == before
 
@@ -155,7 +159,7 @@ def test_an_archive_over_its_total_while_writing_is_undone(
     _upload(service, "two.tar", make_tar([("a.txt", b"a" * 600), ("b.txt", b"b" * 600)]))
     before = _tree(base_dir)
     with pytest.raises(ArchiveRefused, match="uncompressed size over 1000 bytes"):
-        _extractor(service, max_uncompressed_size=1000).extract("t1", "two.tar")
+        _extractor(service, max_uncompressed_size=1000).extract(T1, "two.tar")
     assert _tree(base_dir) == before
 
 
@@ -168,14 +172,14 @@ def test_members_over_the_ratio_or_the_upload_size_or_encrypted_are_refused(
     big = b"b" * 30_000  # compresses well below the upload limit the archive itself meets
     data = make_zip({"zeros.bin": b"\0" * ZEROS, "big.txt": big, "ok.txt": b"ok"})
     _upload(service, "mixed.zip", data)
-    extraction = _extractor(service).extract("t1", "mixed.zip")
+    extraction = _extractor(service).extract(T1, "mixed.zip")
     assert [f.name for f in extraction.files] == ["ok.txt"]
     assert [r.reason for r in extraction.refused] == [
         "member 'zeros.bin': compression ratio over 200",
         "member 'big.txt' is larger than the upload limit of 20000 bytes",
     ]
     _upload(service, "locked.zip", make_encrypted_zip())
-    locked = _extractor(service).extract("t1", "locked.zip")
+    locked = _extractor(service).extract(T1, "locked.zip")
     assert [f.name for f in locked.files] == ["open.txt"]
     assert [r.reason for r in locked.refused] == [
         "member 'secret.txt' is encrypted (encrypted member, not read)"
@@ -184,7 +188,7 @@ def test_members_over_the_ratio_or_the_upload_size_or_encrypted_are_refused(
 
 def test_a_nested_bomb_is_extracted_one_level_only(service: UploadService, base_dir: Path) -> None:
     _upload(service, "42.zip", make_nested_bomb(levels=3, copies=3))
-    extraction = _extractor(service).extract("t1", "42.zip")
+    extraction = _extractor(service).extract(T1, "42.zip")
     assert [f.name for f in extraction.files] == ["level2-0.zip", "level2-1.zip", "level2-2.zip"]
     folder = base_dir / "threads/t1/user-data/workspace/42"
     assert sum(p.stat().st_size for p in folder.iterdir()) < 1_000_000
@@ -193,15 +197,13 @@ def test_a_nested_bomb_is_extracted_one_level_only(service: UploadService, base_
 def test_the_folder_name_follows_the_conflict_rule(service: UploadService, base_dir: Path) -> None:
     _upload(service, "r.zip", make_zip({"a.txt": b"1"}))
     extractor = _extractor(service)
-    assert extractor.extract("t1", "r.zip").folder == f"{WORKSPACE}/r"
-    assert extractor.extract("t1", "r.zip").folder == f"{WORKSPACE}/r_1"
+    assert extractor.extract(T1, "r.zip").folder == f"{WORKSPACE}/r"
+    assert extractor.extract(T1, "r.zip").folder == f"{WORKSPACE}/r_1"
     with pytest.raises(NameConflict):
-        extractor.extract("t1", "r.zip", on_conflict=OnConflict.REJECT)
+        extractor.extract(T1, "r.zip", on_conflict=OnConflict.REJECT)
     workspace = base_dir / "threads/t1/user-data/workspace"
     (workspace / "r" / "mine.txt").write_text("agent's work")
-    assert (
-        extractor.extract("t1", "r.zip", on_conflict=OnConflict.REPLACE).folder == f"{WORKSPACE}/r"
-    )
+    assert extractor.extract(T1, "r.zip", on_conflict=OnConflict.REPLACE).folder == f"{WORKSPACE}/r"
     assert sorted(p.name for p in (workspace / "r").iterdir()) == ["a.txt"]
     assert sorted(p.name for p in workspace.iterdir()) == ["r", "r_1"]
 
@@ -215,24 +217,24 @@ def test_a_link_in_the_way_is_never_written_through(
     workspace = base_dir / "threads/t1/user-data/workspace"
     workspace.mkdir(parents=True)
     (workspace / "r").symlink_to(outside)
-    extraction = _extractor(service).extract("t1", "r.zip")
+    extraction = _extractor(service).extract(T1, "r.zip")
     assert extraction.folder == f"{WORKSPACE}/r_1"
     assert list(outside.iterdir()) == []
     with pytest.raises(NameConflict):
-        _extractor(service).extract("t1", "r.zip", on_conflict=OnConflict.REPLACE)
+        _extractor(service).extract(T1, "r.zip", on_conflict=OnConflict.REPLACE)
     assert list(outside.iterdir()) == []
 
 
 def test_only_listed_archives_are_extracted(service: UploadService, base_dir: Path) -> None:
     _upload(service, "notes.txt", b"hello")
     with pytest.raises(NotAnArchive):
-        _extractor(service).extract("t1", "notes.txt")
+        _extractor(service).extract(T1, "notes.txt")
     with pytest.raises(UploadNotFound):
-        _extractor(service).extract("t1", "missing.zip")
+        _extractor(service).extract(T1, "missing.zip")
 
 
 def test_all_members_refused_writes_no_folder(service: UploadService, base_dir: Path) -> None:
     _upload(service, "links.zip", make_zip_with_modes([("l", b"/etc/passwd", SYMLINK_MODE)]))
-    extraction = _extractor(service).extract("t1", "links.zip")
+    extraction = _extractor(service).extract(T1, "links.zip")
     assert extraction.folder is None and extraction.files == []
     assert not (base_dir / "threads/t1/user-data/workspace").exists()

@@ -11,6 +11,7 @@ import pytest
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.prompt.document_text import DocumentTexts
 from deerflow_web.services.prompt.file_access import UserDataFiles
@@ -18,6 +19,7 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ArchiveLimits
 from deerflow_web.settings import ConversionSettings
+from deerflow_web.storage.paths import ThreadFolders
 from tests.support.archives import SYMLINK_MODE
 from tests.support.archives import make_encrypted_zip
 from tests.support.archives import make_nested
@@ -44,14 +46,22 @@ def service(base_dir: Path) -> UploadService:
     return make_upload_service(base_dir)
 
 
+T1 = ThreadRef.single_user("t1")
+
+
+def _folders(service: UploadService) -> ThreadFolders:
+    return service.folders(T1)
+
+
 def _files(service: UploadService, **limits: int) -> UserDataFiles:
     jobs = ConversionJobs(service, ConversionSettings(), converter=_stand_in_converter)
-    texts = DocumentTexts(jobs, "t1", None, 5.0, ArchiveLimits(**limits))
-    return UserDataFiles(service.paths, "t1", None, texts, lambda name: True)
+    thread = _folders(service)
+    texts = DocumentTexts(jobs, thread, 5.0, ArchiveLimits(**limits))
+    return UserDataFiles(thread, texts, lambda name: True)
 
 
 def _upload(service: UploadService, name: str, data: bytes) -> None:
-    service.save_uploads("t1", [IncomingFile(name, io.BytesIO(data))])
+    service.save_uploads(T1, [IncomingFile(name, io.BytesIO(data))])
 
 
 def _tree(root: Path) -> set[str]:
@@ -197,7 +207,8 @@ def test_member_conversions_are_bounded(service: UploadService) -> None:
     count = archive_members.MAX_PENDING_CONVERSIONS + 4
     _upload(service, "many.zip", make_zip({f"d{i}.docx": b"word" for i in range(count)}))
     jobs = ConversionJobs(service, ConversionSettings(workers=2), converter=slow)
-    files = UserDataFiles(service.paths, "t1", None, DocumentTexts(jobs, "t1", None, 0.0))
+    thread = _folders(service)
+    files = UserDataFiles(thread, DocumentTexts(jobs, thread, 0.0))
     first = files.grep("word", UPLOADS)
     assert archive_members._conversions.pending() <= archive_members.MAX_PENDING_CONVERSIONS
     assert len(first["skipped"]) == count  # none ready within a wait of 0 s
@@ -205,8 +216,8 @@ def test_member_conversions_are_bounded(service: UploadService) -> None:
     release.set()
     wait_until(lambda: archive_members._conversions.pending() == 0, timeout=30)
     assert running["most"] <= 2
-    again = DocumentTexts(jobs, "t1", None, 10.0)
-    second = UserDataFiles(service.paths, "t1", None, again).grep("word", UPLOADS)
+    again = DocumentTexts(jobs, _folders(service), 10.0)
+    second = UserDataFiles(_folders(service), again).grep("word", UPLOADS)
     assert len(second["matches"]) == count
 
 

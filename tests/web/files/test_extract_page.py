@@ -10,7 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from deerflow_web.models import IncomingFile
-from tests.helpers import USER_ID
+from tests.helpers import thread_ref
 from tests.helpers import user_data_dir
 from tests.support.archives import make_overlapping_zip
 from tests.support.archives import make_zip
@@ -19,7 +19,7 @@ from tests.support.archives import make_zip
 def _seed(app: Flask, **files: bytes) -> None:
     uploads = app.extensions["deerflow_web"].uploads
     uploads.save_uploads(
-        "T", [IncomingFile(name, BytesIO(data)) for name, data in files.items()], user_id=USER_ID
+        thread_ref("T"), [IncomingFile(name, BytesIO(data)) for name, data in files.items()]
     )
 
 
