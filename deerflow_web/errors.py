@@ -257,6 +257,42 @@ class ConversionUserLimit(ConversionQueueFull):
         )
 
 
+class ArchiveError(DeerFlowError):
+    """An archive (.zip, .tar, .tar.gz) or one of its members cannot be used as asked."""
+
+
+class NotAnArchive(ArchiveError):
+    """The file is not an archive this app reads."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} is not an archive: only .zip, .tar, .tar.gz and .tgz are read")
+
+
+class ArchiveRefused(ArchiveError):
+    """The whole archive is refused (a bomb, too many members, unreadable); nothing of it
+    was read or written. `reason` is the named rule, the message adds the archive."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name} is refused: {reason}")
+        self.reason = reason
+
+
+class ArchiveMemberRefused(ArchiveError):
+    """One member is refused by a named rule (leaves the archive, a link, encrypted...)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(reason)
+        self.member = name
+        self.reason = reason
+
+
+class ArchiveMemberNotFound(ArchiveError):
+    """The archive holds no member of that name."""
+
+    def __init__(self, archive: str, member: str) -> None:
+        super().__init__(f"{archive} has no member {member!r}")
+
+
 class StorageFailure(DeerFlowError):
     """An unexpected I/O error; the operation was rolled back and may be retried."""
 

@@ -91,6 +91,23 @@ OCR_IMAGE_EXTENSIONS = frozenset(
 CONVERTIBLE_EXTENSIONS = DOCUMENT_EXTENSIONS | OCR_IMAGE_EXTENSIONS
 
 
+# Archives whose members agents read by path (`uploads/a.zip/q3/x.docx`) and that can be
+# extracted; the longest suffix first, so `.tar.gz` is not taken for `.gz`.
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip", ".tar")
+
+
+def archive_suffix(name: str) -> str | None:
+    """The archive suffix a name ends with (case-insensitive), or None."""
+    lowered = name.lower()
+    return next((suffix for suffix in ARCHIVE_SUFFIXES if lowered.endswith(suffix)), None)
+
+
+def is_archive_name(name: str) -> bool:
+    """Whether the name claims an archive format this app reads."""
+    suffix = archive_suffix(name)
+    return suffix is not None and len(name) > len(suffix)
+
+
 class Area(enum.StrEnum):
     """The three folders of a thread's user-data, as agents see them under /mnt/user-data."""
 
@@ -266,6 +283,11 @@ class UploadRecord:
         """Whether conversion can turn this file into a Markdown companion (markitdown for
         documents, OCR for images)."""
         return self.extension.lower() in CONVERTIBLE_EXTENSIONS
+
+    @property
+    def archive(self) -> bool:
+        """Whether this is an archive whose members can be read and extracted."""
+        return is_archive_name(self.filename)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,55 @@ class ConversionSettings:
 
 
 @dataclass(frozen=True)
+class ArchiveLimits:
+    """What one archive may hold before it is refused (`archives.*`; issue 26).
+
+    Every limit is checked against what is really read, never only against what the
+    archive declares: a member that inflates past its declared size, the whole archive past
+    `max_uncompressed_size`, or a member past `max_ratio` times its compressed size is
+    stopped while it is being read.
+    """
+
+    # A source tree or a photo export has hundreds to a few thousand files; 42.zip-style
+    # bombs and "million empty files" archives have far more.
+    max_members: int = 10_000
+    # Everything one archive may unpack to, read or extracted: five times the largest
+    # upload request, so a legitimate 100 MiB zip of text still fits.
+    max_uncompressed_size: int = 512 * 1024 * 1024
+    # Deflate tops out near 1,032:1; ordinary documents and logs compress 2-20:1, very
+    # repetitive CSV up to about 100:1. Bombs are thousands to millions to one.
+    max_ratio: int = 200
+    # Below this many bytes a member's ratio is not judged: a tiny file of one repeated
+    # character compresses beyond any ratio, harmlessly.
+    ratio_floor: int = 1024 * 1024
+    # The outer archive is level 1; `a.zip/b.zip/c.txt` reads at level 2.
+    max_depth: int = 3
+    # The whole member path, in characters; one segment is also limited to the 255 bytes
+    # every common file system allows.
+    max_name_length: int = 1024
+    # `uploads.extract_archives`: extract an uploaded archive into a folder of the thread
+    # as soon as it is stored.
+    extract_on_upload: bool = False
+
+    @classmethod
+    def from_mapping(cls, archives: Mapping[str, Any], uploads: Mapping[str, Any]) -> ArchiveLimits:
+        """Read `archives.*` and `uploads.extract_archives`; bad values fall back."""
+
+        def positive(key: str, default: int) -> int:
+            return positive_setting(archives, key, default, section_name="archives")
+
+        return cls(
+            max_members=positive("max_members", cls.max_members),
+            max_uncompressed_size=positive("max_uncompressed_size", cls.max_uncompressed_size),
+            max_ratio=positive("max_ratio", cls.max_ratio),
+            ratio_floor=positive("ratio_floor", cls.ratio_floor),
+            max_depth=positive("max_depth", cls.max_depth),
+            max_name_length=positive("max_name_length", cls.max_name_length),
+            extract_on_upload=parse_bool(uploads.get("extract_archives", False)),
+        )
+
+
+@dataclass(frozen=True)
 class AgentSettings:
     """How the agent's file tools behave."""
 
@@ -217,6 +266,7 @@ class Settings:
     conversion: ConversionSettings = field(default_factory=ConversionSettings)
     resumable: ResumableSettings = field(default_factory=ResumableSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    archives: ArchiveLimits = field(default_factory=ArchiveLimits)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     config_path: Path | None = None
@@ -437,6 +487,7 @@ def load_settings(
         ),
         resumable=ResumableSettings.from_mapping(uploads),
         agent=agent_from_mapping(_section(config, "agent")),
+        archives=ArchiveLimits.from_mapping(_section(config, "archives"), uploads),
         allowed_origins=tuple(o.strip().rstrip("/").lower() for o in origins),
         allowed_hosts=allowed_hosts_from(server, env),
         config_path=path,

@@ -55,6 +55,7 @@ from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
+from deerflow_web.settings import ArchiveLimits
 from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
 
@@ -86,15 +87,17 @@ class DocumentSource:
         self._uploads = upload_service if isinstance(upload_service, UploadService) else None
         self._jobs = conversion_jobs
         self._wait = wait_seconds
+        self._archives: ArchiveLimits | None = None
         self._lock = threading.Lock()
 
     def jobs(self) -> tuple[ConversionJobs, float]:
         """The jobs and the wait budget (`agent.read_conversion_wait_seconds`)."""
         with self._lock:
-            if self._jobs is None or self._wait is None:
+            if self._jobs is None or self._wait is None or self._archives is None:
                 from deerflow_web.settings import load_settings  # reads config.yaml: only now
 
                 settings = load_settings(self._paths.base_dir)
+                self._archives = settings.archives
                 if self._jobs is None:
                     uploads = self._uploads or make_upload_service(
                         self._paths.base_dir, settings.limits
@@ -107,7 +110,7 @@ class DocumentSource:
     def for_thread(self, thread: ThreadFolders) -> DocumentTexts:
         """The documents of one thread."""
         jobs, wait = self.jobs()
-        return DocumentTexts(jobs, thread, wait)
+        return DocumentTexts(jobs, thread, wait, self._archives or ArchiveLimits())
 
 
 def _current_run_names(runtime: Any) -> set[str]:

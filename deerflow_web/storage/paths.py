@@ -35,6 +35,7 @@ from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadRecord
+from deerflow_web.models import is_archive_name
 from deerflow_web.models import validate_thread_id
 from deerflow_web.models import validate_user_id
 
@@ -527,6 +528,33 @@ class ThreadFolders:
         if area in _AREA_NAMES:
             self.area_dir(Area(area))  # a linked area is refused even when it stays inside
         return self._inside(self.user_data_dir(), relative)
+
+    def split_archive_path(self, resolved: Path) -> tuple[Path, str] | None:
+        """(archive, member path) when a resolved virtual path runs through an archive.
+
+        `uploads/reports.zip/q3/summary.docx` does not exist on disk: its first component
+        that is not a folder is `reports.zip`, a regular file named like an archive, so the
+        rest names a member inside it (read by `services/archives`). Anything else on the
+        way (a link, a plain file, a missing folder) means there is no such member.
+        """
+        user_data = self.user_data_dir().resolve()
+        try:
+            parts = resolved.relative_to(user_data).parts
+        except ValueError:
+            return None
+        current = user_data
+        for index, part in enumerate(parts[:-1]):
+            current = current / part
+            try:
+                info = os.lstat(current)
+            except OSError:
+                return None
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if stat.S_ISREG(info.st_mode) and is_archive_name(part):
+                return current, "/".join(parts[index + 1 :])
+            return None
+        return None
 
     def resolve_in_area(self, area: Area, relative: str) -> Path:
         """A path of one area (the file manager's `folder`), refusing anything leaving it.

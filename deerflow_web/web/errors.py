@@ -16,6 +16,9 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from deerflow_web.errors import AlreadyInitialized
+from deerflow_web.errors import ArchiveMemberNotFound
+from deerflow_web.errors import ArchiveMemberRefused
+from deerflow_web.errors import ArchiveRefused
 from deerflow_web.errors import ArtifactChanged
 from deerflow_web.errors import ArtifactEditTooLarge
 from deerflow_web.errors import ArtifactEditUnsupported
@@ -43,6 +46,7 @@ from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import NameConflict
 from deerflow_web.errors import NoFilesProvided
 from deerflow_web.errors import NotAFile
+from deerflow_web.errors import NotAnArchive
 from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import OffsetMismatch
 from deerflow_web.errors import PastUploadLength
@@ -97,6 +101,10 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     FileTooLarge: 413,
     TotalTooLarge: 413,
     ConversionError: 422,
+    NotAnArchive: 400,
+    ArchiveRefused: 422,
+    ArchiveMemberRefused: 422,
+    ArchiveMemberNotFound: 404,
     ConversionQueueFull: 429,
     StorageFailure: 500,
     ConfigError: 503,

@@ -13,6 +13,7 @@ from flask import current_app
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.services.accounts.service import AccountService
+from deerflow_web.services.archives.extract import ArchiveExtractor
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.conversion.runner import sweep_stale_work_folders
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
@@ -47,7 +48,12 @@ class Services:
             settings.base_dir, settings.limits, self.engine
         )
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
-        self.intake = UploadIntake(self.uploads, self.conversions)
+        self.extractor = ArchiveExtractor(self.uploads, settings.archives)
+        self.intake = UploadIntake(
+            self.uploads,
+            self.conversions,
+            self.extractor if settings.archives.extract_on_upload else None,
+        )
         self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
         self.tool_previews = ToolPreviewService(
             self.conversions, settings.agent.read_conversion_wait_seconds

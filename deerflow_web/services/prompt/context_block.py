@@ -23,10 +23,15 @@ from pathlib import Path
 from pathlib import PurePosixPath
 from typing import Any
 
+from deerflow_web.errors import ArchiveRefused
+from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
 from deerflow_web.models import UploadRecord
+from deerflow_web.models import is_archive_name
+from deerflow_web.services.archives.reader import list_archive
 from deerflow_web.services.prompt.outline import outline_for_file
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
+from deerflow_web.settings import ArchiveLimits
 
 DEFAULT_MAX_FILES = 10
 CURRENT_HEADER = "The following files were uploaded in this message:"
@@ -62,6 +67,29 @@ class ContextFile:
     extension: str
     outline: tuple[Mapping[str, Any], ...] = ()
     preview: tuple[str, ...] = ()
+    archive: ArchiveSummary | None = None
+
+
+@dataclass(frozen=True)
+class ArchiveSummary:
+    """What the block says of an archive: how many files it holds, or why it is refused."""
+
+    files: int = 0
+    refused_members: int = 0
+    refused: str | None = None  # the whole archive's refusal
+
+
+def summarize_archive(path: Path, limits: ArchiveLimits | None = None) -> ArchiveSummary | None:
+    """The member count of an archive on disk, or its refusal; None for a non-archive."""
+    if not is_archive_name(path.name):
+        return None
+    try:
+        listing = list_archive(path, limits or ArchiveLimits())
+    except ArchiveRefused as refused:
+        return ArchiveSummary(refused=refused.reason)
+    except DeerFlowError:
+        return None
+    return ArchiveSummary(files=len(listing.files), refused_members=len(listing.refused))
 
 
 def format_size(size: int) -> str:
@@ -118,7 +146,29 @@ def _outline_lines(file: ContextFile) -> list[str]:
     return lines
 
 
+def _archive_lines(file: ContextFile) -> list[str]:
+    archive = file.archive
+    if archive is None:
+        return []
+    if archive.refused is not None:
+        return [f"  Archive refused, its members cannot be read: {neutralize(archive.refused)}"]
+    line = (
+        f"  Archive of {archive.files} file(s): read or grep a member at its path inside, "
+        f"such as {neutralize(file.path)}/<member>"
+    )
+    if archive.refused_members:
+        line += f" ({archive.refused_members} member(s) refused; read_file on it lists why)"
+    return [line]
+
+
 def _entry_lines(file: ContextFile) -> list[str]:
+    if file.archive is not None:  # an outline or preview of the archive's bytes says nothing
+        return [
+            f"- {neutralize(file.filename)} ({format_size(file.size)})",
+            f"  Path: {neutralize(file.path)}",
+            *_archive_lines(file),
+            "",
+        ]
     return [
         f"- {neutralize(file.filename)} ({format_size(file.size)})",
         f"  Path: {neutralize(file.path)}",
@@ -212,13 +262,19 @@ def _field(entry: Mapping[str, Any] | UploadRecord, name: str, default: Any = No
 
 
 def _as_context_file(
-    entry: Mapping[str, Any] | UploadRecord, uploads_dir: Path | None, companion: str | None
+    entry: Mapping[str, Any] | UploadRecord,
+    uploads_dir: Path | None,
+    companion: str | None,
+    archive_limits: ArchiveLimits | None = None,
 ) -> ContextFile:
     filename = str(_field(entry, "filename", ""))
     extension = _field(entry, "extension")
     outline: list[dict[str, Any]] = []
     preview: list[str] = []
-    if uploads_dir is not None:
+    archive = None
+    if uploads_dir is not None and is_archive_name(filename):
+        archive = summarize_archive(uploads_dir / filename, archive_limits)
+    elif uploads_dir is not None:
         companion_file = uploads_dir / companion if companion else None
         outline, preview = outline_for_file(uploads_dir / filename, companion_file)
     return ContextFile(
@@ -228,12 +284,14 @@ def _as_context_file(
         extension=str(extension) if extension is not None else PurePosixPath(filename).suffix,
         outline=tuple(outline),
         preview=tuple(preview),
+        archive=archive,
     )
 
 
 def context_files_for(
     uploads_dir: Path | None,
     entries: Iterable[Mapping[str, Any] | UploadRecord],
+    archive_limits: ArchiveLimits | None = None,
 ) -> list[ContextFile]:
     """Turn state entries or upload records into context files with outlines attached.
 
@@ -245,6 +303,8 @@ def context_files_for(
             unknown (then no outline or preview is read).
         entries: `{"filename", "size", "path"?, "extension"?}` mappings (the middleware's
             state entries) or `UploadRecord`s (the upload service's records).
+        archive_limits: How archives are listed for their member count (the defaults
+            when None).
 
     Returns:
         Context files in the order given.
@@ -258,7 +318,9 @@ def context_files_for(
             companions.setdefault(str(original), str(_field(entry, "filename")))
     hidden = set(companions.values())
     return [
-        _as_context_file(entry, uploads_dir, companions.get(str(_field(entry, "filename"))))
+        _as_context_file(
+            entry, uploads_dir, companions.get(str(_field(entry, "filename"))), archive_limits
+        )
         for entry in items
         if str(_field(entry, "filename", "")) not in hidden
     ]

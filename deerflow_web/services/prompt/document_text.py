@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 from deerflow_web.errors import ConversionQueueFull
@@ -29,6 +30,7 @@ from deerflow_web.models import suffix_of
 from deerflow_web.services.conversion.jobs import INTERRUPTED
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.files.freshness import checked_upload
+from deerflow_web.settings import ArchiveLimits
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.paths import ThreadFolders
@@ -105,6 +107,9 @@ class DocumentTexts:
     jobs: ConversionJobs
     thread: ThreadFolders
     wait_seconds: float = DEFAULT_WAIT_SECONDS
+    # How the thread's archives are read (their documents convert through the same jobs'
+    # converter and limits).
+    archive_limits: ArchiveLimits = field(default_factory=ArchiveLimits)
 
     @property
     def uploads_dir(self) -> Path:

@@ -19,18 +19,29 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 from typing import TypeVar
 
 import regex
 
 from deerflow_web.concurrency import off_loop
+from deerflow_web.errors import ArchiveError
+from deerflow_web.errors import ConversionError
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import OCR_IMAGE_EXTENSIONS
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import is_archive_name
 from deerflow_web.models import suffix_of
+from deerflow_web.services.archives.members import ArchiveAt
+from deerflow_web.services.archives.members import ArchiveMembers
+from deerflow_web.services.archives.members import MemberConverter
+from deerflow_web.services.archives.members import TextStillConverting
+from deerflow_web.services.archives.members import is_convertible_name
+from deerflow_web.services.archives.reader import ArchiveListing
+from deerflow_web.services.archives.reader import ArchiveMember
 from deerflow_web.services.files.artifacts import is_foreign_upload
 from deerflow_web.services.prompt.document_text import DocumentNotReadable
 from deerflow_web.services.prompt.document_text import DocumentStillConverting
@@ -42,6 +53,7 @@ from deerflow_web.services.prompt.page_lines import PageTracker
 from deerflow_web.services.prompt.page_lines import line_label
 from deerflow_web.services.prompt.page_lines import match_fields
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
+from deerflow_web.settings import ArchiveLimits
 from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import SNIFF_BYTES
@@ -55,6 +67,7 @@ MAX_GREP_RESULTS = 200
 MAX_GREP_FILE_BYTES = 20 * 1024 * 1024
 MAX_GREP_TOTAL_BYTES = 200 * 1024 * 1024
 MAX_PATTERN_CHARS = 1000
+MAX_LISTED_MEMBERS = 200  # read_file on an archive or one of its folders lists this many
 GREP_SECONDS = 5.0  # one grep call, all its files and lines (`SearchBudget`)
 Result = TypeVar("Result")
 
@@ -101,6 +114,16 @@ class WalkedFile:
     virtual_path: str
     real_path: Path
     relative: str
+    # A member of an archive: `real_path` is then the archive, read through `archive`.
+    archive: ArchiveAt | None = None
+    member: ArchiveMember | None = None
+
+    @property
+    def name(self) -> str:
+        """The file's own name (a member's, not its archive's)."""
+        if self.member is not None:
+            return PurePosixPath(self.member.name).name
+        return self.real_path.name
 
 
 def _segment_regex(segment: str) -> str:
@@ -223,6 +246,14 @@ def _is_binary(path: Path) -> bool:
     return is_binary_head(_head(path))
 
 
+def _refusal_under(path: str | None, folder: str) -> bool:
+    """Whether a refused member belongs to a folder's listing; one refused for its name
+    (no safe path) belongs to the archive's root."""
+    if path is None:
+        return not folder
+    return not folder or path.startswith(f"{folder}/")
+
+
 def _clip(line: str) -> str:
     line = line.rstrip("\r\n")
     if len(line) > MAX_LINE_CHARS:
@@ -238,13 +269,22 @@ class UserDataFiles:
         thread: ThreadFolders,
         documents: DocumentTexts | None = None,
         listed_upload: Callable[[str], bool] | None = None,
+        archive_limits: ArchiveLimits | None = None,
     ) -> None:
         """`listed_upload(name)` says whether the upload listing includes a name; without
-        it, no hard-linked file in uploads/ is read."""
+        it, no hard-linked file in uploads/ is read. Archives are read under
+        `archive_limits`, else the documents' (the settings'), else the defaults."""
         self._thread = thread
         self._listed_upload = listed_upload
         self._base = thread.user_data_dir().resolve()
         self._documents = documents
+        converter = (
+            MemberConverter(documents.jobs.converter, documents.jobs.settings)
+            if documents is not None
+            else None
+        )
+        limits = archive_limits or (documents.archive_limits if documents else ArchiveLimits())
+        self._archives = ArchiveMembers(thread, limits, converter)
 
     def _uploaded_document(self, real: Path, shown_path: str) -> bool:
         """Whether `real` is read through conversion; refuses documents it cannot convert.
@@ -267,23 +307,29 @@ class UserDataFiles:
             return False  # a chart in outputs/: a binary file, as it always was
         if self._documents is None:
             raise FileAccessError(NO_CONVERSION.format(path=shown_path))
-        uploads = self._uploads_dir()
-        if real.parent != uploads:
-            raise FileAccessError(
-                f"{shown_path} is a document outside /mnt/user-data/uploads; only uploaded "
-                "documents are converted to text."
-            )
         return True
 
     def _uploads_dir(self) -> Path:
         assert self._documents is not None
         return self._documents.uploads_dir.resolve()
 
+    def _in_uploads(self, real: Path) -> bool:
+        """Whether a document has upload records (and so a recorded companion)."""
+        return real.parent == self._uploads_dir()
+
     def _document_text(
         self, real: Path, shown_path: str, tool: str, wait: float | None = None
     ) -> Path:
-        """The Markdown file to read for an uploaded document; failures become messages."""
+        """The Markdown file to read for a document; failures become messages.
+
+        An uploaded document reads its recorded companion; one elsewhere (a file extracted
+        from an archive, say) is converted by the same converter into the thread's
+        archive cache, keyed by its content.
+        """
         assert self._documents is not None
+        if not self._in_uploads(real):
+            budget = self._documents.wait_seconds if wait is None else wait
+            return self._converted(lambda: self._archives.file_text(real, budget), shown_path, tool)
         try:
             return self._documents.markdown_path(real.name, wait=wait)
         except DocumentStillConverting as error:
@@ -292,6 +338,81 @@ class UserDataFiles:
             raise FileAccessError(f"Cannot read {shown_path}: {neutralize(str(error))}") from error
         except UploadNotFound as error:
             raise FileAccessError(f"File not found: {shown_path}") from error
+
+    @staticmethod
+    def _converted(text: Callable[[], Path], shown_path: str, tool: str) -> Path:
+        """Run a cache conversion; its failures become the model's messages."""
+        try:
+            return text()
+        except TextStillConverting as error:
+            raise FileAccessError(STILL_CONVERTING.format(path=shown_path, tool=tool)) from error
+        except ConversionError as error:
+            raise FileAccessError(f"Cannot read {shown_path}: {neutralize(str(error))}") from error
+
+    def _archive_at(self, real: Path) -> ArchiveAt:
+        return ArchiveAt(real, real.name, self._virtual(real))
+
+    def _inside_archive(self, real: Path) -> tuple[ArchiveAt, str] | None:
+        """The innermost archive and member path a missing path names, if it names one.
+
+        Raises:
+            ArchiveRefused: An archive on the way is refused or nested too deep.
+        """
+        split = self._thread.split_archive_path(real)
+        if split is None:
+            return None
+        archive, rest = split
+        if self._foreign(archive) or is_staging_name(archive.name):
+            return None
+        return self._archives.locate(self._archive_at(archive), rest)
+
+    def _listing_text(
+        self, archive: ArchiveAt, listing: ArchiveListing, folder: str, shown_path: str
+    ) -> str:
+        """What read_file answers for an archive, or a folder inside one: its members."""
+        prefix = f"{folder}/" if folder else ""
+        files = [m for m in listing.files if m.name.startswith(prefix)]
+        refused = [r for r in listing.refused if _refusal_under(r.path, folder)]
+        kind = "a folder of the archive" if folder else "an archive"
+        lines = [
+            f"[{shown_path} is {kind} holding {len(files)} file(s); read one with read_file "
+            "at its path below, or search them with grep]"
+        ]
+        for member in files[:MAX_LISTED_MEMBERS]:
+            lines.append(f"{neutralize(archive.virtual_path)}/{neutralize(member.name)}")
+        if len(files) > MAX_LISTED_MEMBERS:
+            lines.append(
+                f"[{len(files) - MAX_LISTED_MEMBERS} more; use glob with path={shown_path}]"
+            )
+        if refused:
+            lines.append("[Refused members, not readable:]")
+            lines.extend(f"- {neutralize(r.reason)}" for r in refused[:MAX_LISTED_MEMBERS])
+        return "\n".join(lines)
+
+    def _member_target(
+        self, archive: ArchiveAt, name: str, shown_path: str, tool: str, wait: float | None = None
+    ) -> tuple[Path, str] | str:
+        """(text file, label) to read for a member, or the listing of a folder/archive."""
+        listing = self._archives.listing(archive)
+        plain_folder = listing.member(name) is None and listing.refusal(name) is None
+        if not name or (plain_folder and listing.is_folder(name)):
+            return self._listing_text(archive, listing, name, shown_path)
+        member = self._archives.member(archive, name)
+        if is_archive_name(PurePosixPath(member.name).name):
+            inner = self._archives.nested(archive, member)
+            return self._listing_text(inner, self._archives.listing(inner), "", shown_path)
+        if is_convertible_name(member.name):
+            if self._documents is None:
+                raise FileAccessError(NO_CONVERSION.format(path=shown_path))
+            budget = self._documents.wait_seconds if wait is None else wait
+            text = self._converted(
+                lambda: self._archives.text(archive, member, budget), shown_path, tool
+            )
+            return text, f"{shown_path} as Markdown text"
+        file = self._archives.member_file(archive, member)
+        if _is_binary(file):
+            raise FileAccessError(f"{shown_path} is a binary file; read_file shows text only.")
+        return file, shown_path
 
     def _foreign(self, real: Path) -> bool:
         """A hard link in uploads/ that the listing leaves out: its bytes are not ours."""
@@ -323,8 +444,9 @@ class UserDataFiles:
             raise FileAccessError(f"Not a directory: {neutralize(virtual_path)}")
         return root
 
-    def walk(self, root: Path) -> Iterator[WalkedFile]:
-        """Regular files under `root`, sorted, never leaving user-data (links re-checked)."""
+    def walk(self, root: Path, refused: list[dict[str, str]] | None = None) -> Iterator[WalkedFile]:
+        """Regular files under `root`, sorted, never leaving user-data (links re-checked);
+        an archive is followed by its members (`walk_archive`)."""
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             dirnames.sort()
             for name in sorted(filenames):
@@ -334,11 +456,50 @@ class UserDataFiles:
                 real = self._inside(path)
                 if real is None:
                     continue
-                yield WalkedFile(
+                walked = WalkedFile(
                     virtual_path=self._virtual(path),
                     real_path=real,
                     relative=path.relative_to(root).as_posix(),
                 )
+                yield walked
+                if is_archive_name(name):
+                    archive = ArchiveAt(real, name, walked.virtual_path)
+                    yield from self.walk_archive(archive, "", walked.relative, refused)
+
+    def walk_archive(
+        self,
+        archive: ArchiveAt,
+        folder: str,
+        relative_to: str,
+        refused: list[dict[str, str]] | None = None,
+    ) -> Iterator[WalkedFile]:
+        """The file members of an archive (under `folder` inside it), as walked files.
+
+        Members that are archives are listed, not opened: a walk never descends into
+        nested archives (a path given into one does). A refused archive or member is added
+        to `refused` with its reason.
+        """
+        try:
+            listing = self._archives.listing(archive)
+        except ArchiveError as error:
+            if refused is not None:
+                refused.append({"path": neutralize(archive.virtual_path), "reason": str(error)})
+            return
+        prefix = f"{folder}/" if folder else ""
+        for refusal in listing.refused if refused is not None else ():
+            if _refusal_under(refusal.path, folder):
+                refused.append({"path": neutralize(archive.virtual_path), "reason": refusal.reason})
+        for member in listing.files:
+            if not member.name.startswith(prefix):
+                continue
+            inner = member.name[len(prefix) :]
+            yield WalkedFile(
+                virtual_path=f"{archive.virtual_path}/{member.name}",
+                real_path=archive.path,
+                relative=f"{relative_to}/{inner}" if relative_to else inner,
+                archive=archive,
+                member=member,
+            )
 
     def read(
         self, virtual_path: str, start_line: int | None = None, end_line: int | None = None
@@ -353,14 +514,17 @@ class UserDataFiles:
         """
         shown_path = neutralize(virtual_path)
         real = self.resolve(virtual_path)
-        if not real.exists() or is_staging_name(real.name):
-            raise FileAccessError(f"File not found: {shown_path}")
-        if real.is_file() and self._foreign(real):
-            raise FileAccessError(f"File not found: {shown_path}")
-        if real.is_dir():
-            raise FileAccessError(f"{shown_path} is a directory; use `glob` to list its files.")
-        if not real.is_file():
-            raise FileAccessError(f"{shown_path} is not a regular file.")
+        # Archives are decompressed here: off the event loop, as grep's matching is.
+        inside = None if real.exists() else off_loop(self._inside_archive, real)
+        if inside is None:
+            if not real.exists() or is_staging_name(real.name):
+                raise FileAccessError(f"File not found: {shown_path}")
+            if real.is_file() and self._foreign(real):
+                raise FileAccessError(f"File not found: {shown_path}")
+            if real.is_dir():
+                raise FileAccessError(f"{shown_path} is a directory; use `glob` to list its files.")
+            if not real.is_file():
+                raise FileAccessError(f"{shown_path} is not a regular file.")
         start = 1 if start_line is None else start_line
         if start < 1:
             raise FileAccessError("start_line must be 1 or more.")
@@ -368,7 +532,14 @@ class UserDataFiles:
             raise FileAccessError("end_line must not be smaller than start_line.")
         label = shown_path
         paged = False
-        if self._uploaded_document(real, shown_path):
+        if inside is not None or is_archive_name(real.name):
+            archive, name = inside or (self._archive_at(real), "")
+            target = off_loop(self._member_target, archive, name, shown_path, "read_file")
+            if isinstance(target, str):
+                return target
+            real, label = target
+            paged = label != shown_path  # a converted member: its pages are marked
+        elif self._uploaded_document(real, shown_path):
             real = self._document_text(real, shown_path, "read_file")
             label = f"{shown_path} as Markdown text"
             paged = True
@@ -430,11 +601,16 @@ class UserDataFiles:
 
     def glob(self, pattern: str, virtual_path: str = VIRTUAL_PATH_PREFIX) -> dict[str, Any]:
         """Virtual paths of the files under `virtual_path` whose relative path matches."""
+        # Listing a .tar.gz decompresses it: off the event loop.
+        return off_loop(self._glob, pattern, virtual_path)
+
+    def _glob(self, pattern: str, virtual_path: str) -> dict[str, Any]:
         matcher = compile_glob(pattern)
-        root = self._directory(virtual_path)
+        refused: list[dict[str, str]] = []
+        walked_files = self._walk_path(virtual_path, refused)
         matches: list[str] = []
         truncated = False
-        for walked in self.walk(root):
+        for walked in walked_files:
             if matcher.fullmatch(walked.relative):
                 if len(matches) == MAX_GLOB_RESULTS:
                     truncated = True
@@ -448,9 +624,33 @@ class UserDataFiles:
         }
         if truncated:
             result["truncated"] = True
+        if refused:
+            result["refused"] = refused
         if not matches:
             result["message"] = "No files matched the pattern."
         return result
+
+    def _walk_path(self, virtual_path: str, refused: list[dict[str, str]]) -> Iterator[WalkedFile]:
+        """The files under a folder, an archive, or a folder inside an archive.
+
+        Raises:
+            FileAccessError: The path is missing or a plain file.
+            ArchiveError: The archive it goes into is refused.
+        """
+        real = self.resolve(virtual_path)
+        if real.exists():
+            if real.is_file() and is_archive_name(real.name) and not self._foreign(real):
+                return self.walk_archive(self._archive_at(real), "", "", refused)
+            return self.walk(self._directory(virtual_path), refused)
+        inside = self._inside_archive(real)
+        if inside is not None:
+            archive, folder = inside
+            listing = self._archives.listing(archive)
+            if listing.is_folder(folder) and listing.member(folder) is None:
+                return self.walk_archive(archive, folder, "", refused)
+            if listing.member(folder) is not None:
+                raise FileAccessError(f"Not a directory: {neutralize(virtual_path)}")
+        raise FileAccessError(f"Directory not found: {neutralize(virtual_path)}")
 
     def grep(
         self,
@@ -487,9 +687,9 @@ class UserDataFiles:
         stopped: dict[str, Any] | None = None
         budget = SearchBudget(GREP_SECONDS)
         targets = []
-        for walked in self._grep_targets(virtual_path):
+        for walked in self._grep_targets(virtual_path, skipped):
             if name_matcher is not None:
-                candidate = walked.real_path.name if by_name else walked.relative
+                candidate = walked.name if by_name else walked.relative
                 if not name_matcher.fullmatch(candidate):
                     continue
             targets.append(walked)
@@ -571,6 +771,8 @@ class UserDataFiles:
         start together and share one wait budget, so a search over ten new documents waits
         once, not ten times.
         """
+        texts = self._member_texts([w for w in targets if w.member is not None], skipped)
+        targets = [w for w in targets if w.member is None]
         documents: list[WalkedFile] = []
         for walked in targets:
             shown = neutralize(walked.virtual_path)
@@ -579,13 +781,13 @@ class UserDataFiles:
                     documents.append(walked)
             except FileAccessError as error:
                 skipped.append({"path": shown, "reason": str(error)})
-        texts: dict[str, Path | None] = {}
         if not documents:
             return self._without_misnamed(targets, skipped, texts)
         assert self._documents is not None
         companions = self._documents.companions()
         for walked in documents:
-            if walked.real_path.name not in companions.values():
+            in_uploads = self._in_uploads(walked.real_path)
+            if in_uploads and walked.real_path.name not in companions.values():
                 self._documents.request(walked.real_path.name)
         deadline = time.monotonic() + self._documents.wait_seconds
         names = {walked.real_path.name for walked in documents}
@@ -606,6 +808,74 @@ class UserDataFiles:
                 texts[walked.virtual_path] = None  # searched as its document
         return self._without_misnamed(targets, skipped, texts)
 
+    def _member_texts(
+        self, members: list[WalkedFile], skipped: list[dict[str, str]]
+    ) -> dict[str, Path | None]:
+        """The file to search for each archive member (None: not searched).
+
+        Text members are read out of each archive in one pass; documents and images are
+        converted together under one wait, as uploaded documents are; binary members and
+        nested archives are passed over as binary files are.
+        """
+        texts: dict[str, Path | None] = {}
+        by_archive: dict[Path, list[WalkedFile]] = {}
+        converting: list[WalkedFile] = []
+        for walked in members:
+            assert walked.member is not None
+            name = PurePosixPath(walked.member.name).name
+            if is_archive_name(name):
+                texts[walked.virtual_path] = None
+            elif is_convertible_name(name):
+                converting.append(walked)
+            else:
+                by_archive.setdefault(walked.real_path, []).append(walked)
+        for group in by_archive.values():
+            archive = group[0].archive
+            assert archive is not None
+            try:
+                files = self._archives.member_files(archive, [w.member for w in group if w.member])
+            except ArchiveError as error:
+                for walked in group:
+                    texts[walked.virtual_path] = None
+                skipped.append({"path": neutralize(archive.virtual_path), "reason": str(error)})
+                continue
+            for walked in group:
+                assert walked.member is not None
+                found = files.get(walked.member.name)
+                if isinstance(found, Path) and not _is_binary(found):
+                    texts[walked.virtual_path] = found
+                else:
+                    texts[walked.virtual_path] = None
+                    if isinstance(found, ArchiveError):
+                        skipped.append(
+                            {"path": neutralize(walked.virtual_path), "reason": str(found)}
+                        )
+        if not converting:
+            return texts
+        wait = self._documents.wait_seconds if self._documents is not None else 0.0
+        deadline = time.monotonic() + wait
+        for walked in converting:  # all started before any is waited for
+            assert walked.archive is not None and walked.member is not None
+            try:
+                self._archives.start_text(walked.archive, walked.member)
+            except (ArchiveError, ConversionError, TextStillConverting):
+                pass  # reported below, when its text is asked for
+        for walked in converting:
+            assert walked.archive is not None and walked.member is not None
+            shown = neutralize(walked.virtual_path)
+            archive, member = walked.archive, walked.member
+            try:
+                if self._documents is None:
+                    raise FileAccessError(NO_CONVERSION.format(path=shown))
+                left = max(deadline - time.monotonic(), 0.0)
+                texts[walked.virtual_path] = self._converted(
+                    lambda a=archive, m=member, w=left: self._archives.text(a, m, w), shown, "grep"
+                )
+            except (FileAccessError, ArchiveError) as error:
+                texts[walked.virtual_path] = None
+                skipped.append({"path": shown, "reason": neutralize(str(error))})
+        return texts
+
     @staticmethod
     def _without_misnamed(
         targets: list[WalkedFile],
@@ -618,11 +888,30 @@ class UserDataFiles:
                 texts.setdefault(walked.virtual_path, None)
         return texts
 
-    def _grep_targets(self, virtual_path: str) -> Iterator[WalkedFile]:
+    def _grep_targets(
+        self, virtual_path: str, refused: list[dict[str, str]]
+    ) -> Iterator[WalkedFile]:
         real = self.resolve(virtual_path)
         if real.is_file():
             if is_staging_name(real.name) or self._foreign(real):
                 raise FileAccessError(f"File not found: {neutralize(virtual_path)}")
+            if is_archive_name(real.name):
+                yield from self.walk_archive(self._archive_at(real), "", "", refused)
+                return
             yield WalkedFile(self._virtual(real), real, real.name)
             return
-        yield from self.walk(self._directory(virtual_path))
+        if not real.exists():
+            inside = self._inside_archive(real)
+            if inside is not None:
+                archive, name = inside
+                member = self._archives.listing(archive).member(name)
+                if member is not None:
+                    yield WalkedFile(
+                        f"{archive.virtual_path}/{member.name}",
+                        archive.path,
+                        PurePosixPath(member.name).name,
+                        archive,
+                        member,
+                    )
+                    return
+        yield from self._walk_path(virtual_path, refused)

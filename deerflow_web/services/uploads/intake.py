@@ -1,8 +1,8 @@
 """Where every upload lands: the files are saved, then converted when the settings say so.
 
 The JSON API, the file manager's form, the chat preview's form and finished resumable
-uploads all hand their files here, so `auto_convert_documents` applies the same way
-whichever page or client sent them.
+uploads all hand their files here, so `auto_convert_documents` and `extract_archives`
+apply the same way whichever page or client sent them.
 """
 
 from __future__ import annotations
@@ -11,15 +11,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
 
+from deerflow_web.errors import ArchiveError
+from deerflow_web.errors import NameConflict
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.models import UploadRecord
+from deerflow_web.models import is_archive_name
+from deerflow_web.services.archives.extract import ArchiveExtractor
+from deerflow_web.services.archives.extract import Extraction
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.service import AlsoInCommit
 from deerflow_web.services.uploads.service import Staging
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.paths import Thread
+from deerflow_web.storage.paths import ThreadFolders
 
 
 @dataclass(frozen=True)
@@ -28,14 +34,40 @@ class AcceptedUploads:
 
     result: UploadResult
     companions: dict[str, UploadRecord] = field(default_factory=dict)
+    # With `uploads.extract_archives`: each stored archive's extraction, or why it failed.
+    extractions: list[Extraction | tuple[str, str]] = field(default_factory=list)
 
 
 class UploadIntake:
-    """Save a request's files and start their automatic conversion."""
+    """Save a request's files and start their automatic conversion (and extraction)."""
 
-    def __init__(self, uploads: UploadService, conversions: ConversionJobs) -> None:
+    def __init__(
+        self,
+        uploads: UploadService,
+        conversions: ConversionJobs,
+        extractor: ArchiveExtractor | None = None,
+    ) -> None:
+        """`extractor` extracts every stored archive; None leaves archives as they are."""
         self.uploads = uploads
         self.conversions = conversions
+        self.extractor = extractor
+
+    def _extract(
+        self, thread: ThreadFolders, result: UploadResult
+    ) -> list[Extraction | tuple[str, str]]:
+        """Extract each stored archive; a refused one stays stored, its refusal reported."""
+        if self.extractor is None:
+            return []
+        done: list[Extraction | tuple[str, str]] = []
+        for saved in result.files:
+            name = saved.record.filename
+            if not is_archive_name(name):
+                continue
+            try:
+                done.append(self.extractor.extract(thread, name))
+            except (ArchiveError, NameConflict) as error:
+                done.append((name, str(error)))
+        return done
 
     def accept(
         self,
@@ -48,7 +80,7 @@ class UploadIntake:
         folders = self.uploads.folders(thread)
         result = self.uploads.save_uploads(folders, files, on_conflict=on_conflict)
         companions = self.conversions.convert_after_upload(folders, result)
-        return AcceptedUploads(result, companions)
+        return AcceptedUploads(result, companions, self._extract(folders, result))
 
     def accept_staged(
         self,
@@ -74,4 +106,4 @@ class UploadIntake:
             then=then,
         )
         companions = self.conversions.convert_after_upload(folders, result)
-        return AcceptedUploads(result, companions)
+        return AcceptedUploads(result, companions, self._extract(folders, result))

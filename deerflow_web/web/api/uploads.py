@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote
 
 from flask import Blueprint
@@ -23,6 +24,7 @@ from deerflow_web.services.files.artifact_edit import edit_artifact
 from deerflow_web.services.files.artifact_edit import parse_edit
 from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
+from deerflow_web.services.uploads.intake import AcceptedUploads
 from deerflow_web.settings import parse_flag
 from deerflow_web.web.api import threads as threads_api
 from deerflow_web.web.api import tus
@@ -107,7 +109,22 @@ def upload_files() -> ResponseReturnValue:
             {"filename": rejected.filename, "reason": rejected.reason}
             for rejected in result.rejected_files
         ],
+        **({"extracted": extracted_entries(accepted)} if accepted.extractions else {}),
     }
+
+
+def extracted_entries(accepted: AcceptedUploads) -> list[dict[str, Any]]:
+    """The `extracted` list of an upload answer (`uploads.extract_archives`)."""
+    entries = []
+    for extraction in accepted.extractions:
+        if isinstance(extraction, tuple):
+            archive, reason = extraction
+            entries.append(
+                {"archive": archive, "folder": None, "files": [], "refused": [], "error": reason}
+            )
+        else:
+            entries.append(extraction.as_dict())
+    return entries
 
 
 @bp.get("/threads/<thread_id>/uploads/limits")
@@ -176,6 +193,19 @@ def convert_upload(filename: str) -> ResponseReturnValue:
         raise status.error
     info = _formatter()(status.record, companion=status.companion)
     return info, 200 if status.finished else 202
+
+
+@bp.post("/threads/<thread_id>/uploads/<filename>/extract")
+def extract_upload(filename: str) -> ResponseReturnValue:
+    """Extract an uploaded archive into `workspace/<its name>/`; refusals are listed."""
+    body = request.get_json() if request.is_json else request.form
+    if not isinstance(body, Mapping):
+        raise InvalidInput("Input should be a valid dictionary", ("body",), None)
+    on_conflict = OnConflict.named(body.get("on_conflict"), OnConflict.RENAME)
+    extraction = get_services().extractor.extract(
+        current_thread(), filename, on_conflict=on_conflict
+    )
+    return extraction.as_dict()
 
 
 @bp.get("/threads/<thread_id>/artifacts/<vpath:virtual_path>")

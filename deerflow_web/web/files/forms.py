@@ -100,6 +100,12 @@ class ConvertForm(PageForm):
     filename = HiddenField(validators=[DataRequired()])
 
 
+class ExtractForm(PageForm):
+    """The archive to extract (the Extract button's form)."""
+
+    filename = HiddenField(validators=[DataRequired()])
+
+
 class ThreadTitleForm(PageForm):
     """A thread's title: asked by "New thread" (optional) and changed on the thread's page.
 

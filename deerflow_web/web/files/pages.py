@@ -50,6 +50,7 @@ from deerflow_web.web.extensions import csrf
 from deerflow_web.web.files.forms import ConvertForm
 from deerflow_web.web.files.forms import DeleteForm
 from deerflow_web.web.files.forms import DeleteThreadForm
+from deerflow_web.web.files.forms import ExtractForm
 from deerflow_web.web.files.forms import RenameForm
 from deerflow_web.web.files.forms import ThreadTitleForm
 from deerflow_web.web.files.forms import UploadForm
@@ -279,6 +280,45 @@ def convert_file() -> ResponseReturnValue:
     else:
         flash(
             _("Converting %(name)s. Reload the page to see when it is done.", name=name), "success"
+        )
+    return _back_to_thread(thread_id)
+
+
+@bp.post("/threads/<thread_id>/extract")
+def extract_file() -> ResponseReturnValue:
+    """Extract an uploaded archive into workspace/<its name>/ (the Extract button)."""
+    thread = current_thread()
+    thread_id = thread.thread_id
+    form = ExtractForm()
+    if not form.validate_on_submit():
+        flash_form_errors(form)
+        return _back_to_thread(thread_id)
+    name = form.filename.data
+    try:
+        extraction = get_services().extractor.extract(thread, name)
+    except DeerFlowError as error:
+        flash(describe_error(error, get_upload_service().limits), "error")
+        return _back_to_thread(thread_id)
+    if extraction.folder is not None:
+        flash(
+            _(
+                "Extracted %(num)d file(s) from %(name)s into %(folder)s.",
+                num=len(extraction.files),
+                name=name,
+                folder=extraction.folder,
+            ),
+            "success",
+        )
+    if extraction.refused:
+        reasons = "; ".join(refusal.reason for refusal in extraction.refused[:20])
+        flash(
+            _(
+                "%(num)d member(s) of %(name)s were not extracted: %(reasons)s",
+                num=len(extraction.refused),
+                name=name,
+                reasons=reasons,
+            ),
+            "error",
         )
     return _back_to_thread(thread_id)
 
