@@ -39,6 +39,7 @@ from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
+from deerflow_web.agent.uploads_source import usable_records
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
@@ -140,9 +141,14 @@ def _user_data(
             record.filename == name for record in list_records(lister, thread_id, user_id)
         )
 
+    def withheld(name: str) -> str | None:
+        if lister is None:
+            return None
+        return (usable_records(lister, thread_id, user_id)[1] or {}).get(name)
+
     try:
         texts = documents.for_thread(thread_id, user_id) if documents is not None else None
-        return UserDataFiles(paths, thread_id, user_id, texts, listed_upload)
+        return UserDataFiles(paths, thread_id, user_id, texts, listed_upload, withheld)
     except DeerFlowError as error:
         raise ToolException(neutralize(str(error))) from error
 
@@ -216,15 +222,28 @@ def make_list_uploaded_files_tool(
             uploads_dir = thread_paths.uploads_dir(thread_id, user_id)
         except DeerFlowError as error:
             raise ToolException(neutralize(str(error))) from error
-        return list_uploaded_files_result(
+        withheld: dict[str, str] = {}
+
+        def load_records() -> list[Any]:
+            usable, held = usable_records(lister, thread_id, user_id)
+            withheld.update(held or {})
+            return usable
+
+        result = list_uploaded_files_result(
             uploads_dir,
-            lambda: list_records(lister, thread_id, user_id),
+            load_records,
             current_names=_current_run_names(runtime),
             include_outline=include_outline,
             max_results=max_results,
             query=query,
             extensions=extensions,
         )
+        if withheld:  # said why, so the model can tell the person
+            result["withheld"] = [
+                {"filename": neutralize(name), "reason": reason}
+                for name, reason in withheld.items()
+            ]
+        return result
 
     list_uploaded_files.handle_tool_error = True
     return list_uploaded_files

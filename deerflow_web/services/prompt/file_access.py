@@ -234,9 +234,13 @@ class UserDataFiles:
         user_id: str | None = None,
         documents: DocumentTexts | None = None,
         listed_upload: Callable[[str], bool] | None = None,
+        withheld: Callable[[str], str | None] | None = None,
     ) -> None:
         """`listed_upload(name)` says whether the upload listing includes a name; without
-        it, no hard-linked file in uploads/ is read."""
+        it, no hard-linked file in uploads/ is read. `withheld(name)` says why an upload
+        may not be used yet (virus scanning), None when it may."""
+        self._withheld = withheld
+        self._uploads_real: Path | None = None
         self._paths = paths
         self._thread_id = thread_id
         self._user_id = user_id
@@ -290,6 +294,16 @@ class UserDataFiles:
             self._paths, self._thread_id, real, self._user_id, self._listed_upload
         )
 
+    def _held(self, real: Path) -> str | None:
+        """Why an upload may not be read yet (not scanned clean), None when it may."""
+        if self._withheld is None:
+            return None
+        if self._uploads_real is None:
+            self._uploads_real = self._paths.uploads_dir(self._thread_id, self._user_id).resolve()
+        if real.parent != self._uploads_real:
+            return None
+        return self._withheld(real.name)
+
     def resolve(self, virtual_path: str) -> Path:
         """Map a virtual path to the host; raises the path errors of SPEC 1.9."""
         return self._paths.resolve_virtual_path(self._thread_id, virtual_path, self._user_id)
@@ -306,6 +320,8 @@ class UserDataFiles:
             return None
         if not real.is_relative_to(self._base) or not real.is_file() or self._foreign(real):
             return None
+        if self._held(real) is not None:
+            return None  # not listed, searched or read until it is scanned clean
         return real
 
     def _directory(self, virtual_path: str) -> Path:
@@ -350,6 +366,8 @@ class UserDataFiles:
             raise FileAccessError(f"File not found: {shown_path}")
         if real.is_file() and self._foreign(real):
             raise FileAccessError(f"File not found: {shown_path}")
+        if real.is_file() and (reason := self._held(real)) is not None:
+            raise FileAccessError(f"{shown_path} cannot be read yet: {reason}.")
         if real.is_dir():
             raise FileAccessError(f"{shown_path} is a directory; use `glob` to list its files.")
         if not real.is_file():
@@ -601,6 +619,8 @@ class UserDataFiles:
         if real.is_file():
             if is_staging_name(real.name) or self._foreign(real):
                 raise FileAccessError(f"File not found: {neutralize(virtual_path)}")
+            if (reason := self._held(real)) is not None:
+                raise FileAccessError(f"{neutralize(virtual_path)} cannot be read yet: {reason}.")
             yield WalkedFile(self._virtual(real), real, real.name)
             return
         yield from self.walk(self._directory(virtual_path))

@@ -23,6 +23,7 @@ from deerflow_web.services.files.artifact_edit import edit_artifact
 from deerflow_web.services.files.artifact_edit import parse_edit
 from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
+from deerflow_web.services.uploads.service import RejectedFile
 from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.api import threads as threads_api
@@ -101,16 +102,31 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
         )
         for saved in result.files
     ]
-    return {
+    body = {
         "success": result.success,
         "files": files,
         "message": result.message,
         "skipped_files": result.skipped_files,
-        "rejected_files": [
-            {"filename": rejected.filename, "reason": rejected.reason}
-            for rejected in result.rejected_files
-        ],
+        "rejected_files": [_rejection(rejected) for rejected in result.rejected_files],
     }
+    if result.infected and not result.files:
+        # Nothing stored and the scanner is why: 422 (the content was understood and
+        # refused for what it holds), with DeerFlow's body and a `detail` for its clients.
+        # When clean parts of the request were stored, 200 with `success: false`, as for
+        # a part refused for its name.
+        body["detail"] = "; ".join(
+            f"{r.filename}: the virus scanner found {r.found}" for r in result.infected
+        )
+        return body, 422
+    return body
+
+
+def _rejection(rejected: RejectedFile) -> dict[str, str]:
+    """A refused part; `found` (the signature) only when the virus scanner refused it."""
+    entry = {"filename": rejected.filename, "reason": rejected.reason}
+    if rejected.found is not None:
+        entry["found"] = rejected.found
+    return entry
 
 
 @bp.get("/threads/<thread_id>/uploads/limits")
@@ -237,6 +253,8 @@ def edit_artifact_content(thread_id: str, virtual_path: str) -> ResponseReturnVa
     except BadRequest:
         body = None  # malformed JSON: the same 400 as a body of the wrong shape
     content, expected_sha256 = parse_edit(body)
+    if (scanner := get_services().scanner) is not None:  # refuses what it finds, or 503
+        scanner.require_clean(content.encode("utf-8"), virtual_path.rsplit("/", 1)[-1])
     edited = edit_artifact(
         get_upload_service().paths,
         thread_id,

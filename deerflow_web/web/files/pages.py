@@ -8,6 +8,7 @@ Views unwrap the request, call a service and render; the rules live in the servi
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Blueprint
@@ -39,6 +40,7 @@ from deerflow_web.services.files.markdown_render import MAX_RENDER_BYTES
 from deerflow_web.services.files.preview import PREVIEW_BYTES
 from deerflow_web.services.files.preview import build_preview
 from deerflow_web.services.prompt.outline import upload_outline
+from deerflow_web.services.scanning.events import quarantined_in
 from deerflow_web.services.threads.catalog import clean_title
 from deerflow_web.services.threads.overview import list_threads
 from deerflow_web.services.uploads.bulk_delete import delete_uploads
@@ -184,7 +186,14 @@ def thread_files(thread_id: str) -> str:
         upload_form=UploadForm(),
         delete_form=DeleteForm(),
         rename_form=RenameForm(),
+        quarantined=_quarantined(thread_id),
     )
+
+
+def _quarantined(thread_id: str) -> list[Any]:
+    """The files of this thread a rescan found infected and took away: the owner sees why."""
+    scope = get_upload_service().paths.scope(thread_id, current_user_id())
+    return quarantined_in(get_services().scan_events, scope)
 
 
 @bp.post("/threads/<thread_id>/upload")
