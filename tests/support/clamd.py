@@ -39,7 +39,7 @@ def clamd_missing() -> str | None:
 class Clamd:
     """One clamd process and its database."""
 
-    def __init__(self, folder: Path, stream_max: str = "256M") -> None:
+    def __init__(self, folder: Path, stream_max: str = "256M", extra: tuple[str, ...] = ()) -> None:
         self.folder = folder
         self.socket = folder / "clamd.sock"
         self.database = folder / "db"
@@ -59,6 +59,7 @@ class Clamd:
                     f"TemporaryDirectory {folder}",
                     "SelfCheck 0",
                     "LogTime no",
+                    *extra,
                 ]
             )
             + "\n",

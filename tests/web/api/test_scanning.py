@@ -13,6 +13,7 @@ from flask.testing import FlaskClient
 
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import UploadActions
+from tests.helpers import needs_auth
 from tests.helpers import uploads_dir
 from tests.support.clamd import EICAR
 from tests.support.clamd import EICAR_SIGNATURE
@@ -277,3 +278,61 @@ def test_clean_100_mib_file_is_scanned_while_it_streams_and_stored(
     assert response.status_code == 200, response.get_json()
     (saved,) = response.get_json()["files"]
     assert (saved["size"], saved["scan_state"]) == (size, "clean")
+
+
+# ------------------------------------------------------------------ readiness, pages, command
+
+
+def test_readyz_reports_the_scanner(make_app: Any, make_clamd: Any, client: FlaskClient) -> None:
+    assert client.get("/readyz").get_json()["scanner"] == "off"
+    clamd = make_clamd()
+    app = scanning_app(make_app, clamd)
+    ready = app.test_client().get("/readyz")
+    assert (ready.status_code, ready.get_json()["scanner"]) == (200, "ok")
+    clamd.stop()
+    down = app.test_client().get("/readyz")
+    body = down.get_json()
+    assert (down.status_code, body["status"], body["scanner"]) == (200, "degraded", "failed")
+    assert "scanner" in body["detail"]
+
+
+def test_rescan_command_and_the_owner_sees_what_was_quarantined(
+    make_app: Any, make_clamd: Any, base_dir: Path
+) -> None:
+    clamd = make_clamd()
+    app = scanning_app(make_app, clamd)
+    client = app.test_client()
+    later = b"bytes the first signatures do not know " * 3
+    UploadActions(client).upload("t1", (later, "later.bin"), (b"fine", "fine.txt"))
+    result = app.test_cli_runner().invoke(args=["files", "rescan"])
+    assert result.exit_code == 0 and "scanned 0" in result.output  # nothing due yet
+    clamd.add_signature("Later-Test-Signature", later)
+    result = app.test_cli_runner().invoke(args=["files", "rescan"])
+    assert result.exit_code == 0, result.output
+    assert "quarantined 1" in result.output
+    assert UploadActions(client).names("t1") == ["fine.txt"]
+    page = client.get("/threads/t1").get_data(as_text=True)
+    assert "later.bin" in page and "Later-Test-Signature" in page
+    assert "scan-clean" in page  # fine.txt's badge
+
+
+def test_rescan_command_with_scanning_off(app: Flask) -> None:
+    result = app.test_cli_runner().invoke(args=["files", "rescan"])
+    assert result.exit_code != 0 and "Scanning is off" in result.output
+
+
+@needs_auth
+def test_admin_page_lists_refused_uploads(scanned: Flask, scanned_client: FlaskClient) -> None:
+    UploadActions(scanned_client).upload("t1", (EICAR, "bad.com"))
+    page = scanned_client.get("/admin/refused-uploads")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert "bad.com" in html and EICAR_SIGNATURE in html and "Refused at upload" in html
+
+
+def test_thread_files_page_shows_the_scan_badge(
+    scanned_client: FlaskClient,
+) -> None:
+    UploadActions(scanned_client).upload("t1", (b"ok", "ok.txt"))
+    html = scanned_client.get("/threads/t1").get_data(as_text=True)
+    assert 'class="badge scan-state scan-clean"' in html
