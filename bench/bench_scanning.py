@@ -131,6 +131,8 @@ def main() -> None:
                 size: {"plain": [], "scanned": [], "clamd": [], "ratio": []} for size in big_sizes
             }
             small: dict[str, list[float]] = {"plain": [], "scanned": []}
+            for size in big_sizes:  # clamd's first large stream is slow: not a round's
+                clamd_alone(clamd, size)
             for round_number in range(args.rounds):
                 for size in big_sizes:
                     row = results[size]

@@ -1,4 +1,5 @@
-"""A small clamd client over the standard library's sockets (cooperative under gevent).
+"""A small clamd client over the standard library's sockets (gevent-safe: blocking calls
+run on native threads, never on the event loop).
 
 One connection per command, with the `z` (NUL-terminated) form of each command. INSTREAM
 takes the file as length-prefixed chunks while it arrives, so the scan needs no second pass
@@ -9,7 +10,15 @@ from __future__ import annotations
 
 import socket
 import struct
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+from deerflow_web.concurrency import off_loop
+from deerflow_web.concurrency import on_event_loop
+from deerflow_web.concurrency import start_beside
 
 REPLY_LIMIT = 64 * 1024
 _END_OF_STREAM = struct.pack(">I", 0)
@@ -61,6 +70,37 @@ class StreamReply:
     found: str | None
 
 
+def _socket_class() -> type[socket.socket]:
+    """The standard library's own socket, even where gevent has patched the module.
+
+    A stream's chunks are sent from a native thread (`Beside`), where a gevent socket
+    cannot be used; the waits on the event loop's side go through `off_loop`.
+    """
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("socket"):
+        return monkey.get_original("socket", "socket")
+    return socket.socket
+
+
+class Beside:
+    """At most one chunk in flight to clamd, sent on a native thread while the upload reads
+    and writes the next one (gevent's thread pool under `make run`, a small pool of threads
+    otherwise)."""
+
+    _pool: ThreadPoolExecutor | None = None
+    _pool_lock = threading.Lock()
+
+    @classmethod
+    def start(cls, function: Callable[[], None]) -> Callable[[], None]:
+        """Start `function`; return the wait for it."""
+        if on_event_loop():
+            return start_beside(function)
+        with cls._pool_lock:
+            if cls._pool is None:
+                cls._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="clamd")
+        return cls._pool.submit(function).result
+
+
 class ClamdClient:
     """Commands to one clamd; every socket operation bounded by `timeout` seconds."""
 
@@ -74,17 +114,17 @@ class ClamdClient:
         Raises:
             ClamdError: Refused, missing socket, or no answer within the timeout.
         """
+        make = _socket_class()
         if self.address.path is not None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = make(socket.AF_UNIX, socket.SOCK_STREAM)
             target: object = self.address.path
         else:
-            sock = socket.socket(
-                socket.AF_INET6 if ":" in (self.address.host or "") else socket.AF_INET
-            )
+            family = socket.AF_INET6 if ":" in (self.address.host or "") else socket.AF_INET
+            sock = make(family, socket.SOCK_STREAM)
             target = (self.address.host, self.address.port)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(target)
+            off_loop(sock.connect, target)
         except OSError as error:
             sock.close()
             raise ClamdError(f"cannot reach clamd at {self.address}: {error}") from error
@@ -94,8 +134,7 @@ class ClamdClient:
         """Send a command without a payload (`PING`, `VERSION`, `RELOAD`); its reply."""
         sock = self.connect()
         try:
-            sock.sendall(b"z" + name.encode("ascii") + b"\0")
-            return _read_reply(sock)
+            return off_loop(_command, sock, name)
         except OSError as error:
             raise ClamdError(f"clamd at {self.address} failed on {name}: {error}") from error
         finally:
@@ -121,7 +160,7 @@ class ClamdClient:
         """Start scanning a stream; feed it, then `finish` for the verdict."""
         sock = self.connect()
         try:
-            sock.sendall(b"zINSTREAM\0")
+            off_loop(sock.sendall, b"zINSTREAM\0")
         except OSError as error:
             sock.close()
             raise ClamdError(f"clamd at {self.address} failed on INSTREAM: {error}") from error
@@ -131,27 +170,45 @@ class ClamdClient:
 class InstreamScan:
     """One INSTREAM command in progress.
 
-    `send` never raises: a failure is kept and reported by `finish`, so an upload goes on
-    reading its body (and its limits apply) whatever the scanner does; clamd's own reply,
-    when it cut the stream short (over `StreamMaxLength`), is read then.
+    Each chunk is sent on a native thread (`Beside`) while the upload reads and writes the
+    next one; one chunk at most is in flight, so chunks arrive in order. `send` never
+    raises: a failure is kept and reported by `finish`, so an upload goes on reading its
+    body (and its limits apply) whatever the scanner does; clamd's own reply, when it cut
+    the stream short (over `StreamMaxLength`), is read then.
     """
 
     def __init__(self, sock: socket.socket, address: str) -> None:
         self._sock: socket.socket | None = sock
         self._address = address
         self._failure: OSError | None = None
+        self._in_flight: Callable[[], None] | None = None
         self.sent = 0
 
     def send(self, data: bytes | memoryview) -> None:
-        """Pass one chunk to clamd (an empty chunk is skipped: it would end the stream)."""
-        if self._sock is None or self._failure is not None or not len(data):
+        """Send one chunk to clamd (an empty chunk is skipped: it would end the stream).
+
+        The caller may reuse its buffer at once: anything but `bytes` is copied.
+        """
+        self._wait()
+        sock = self._sock
+        if sock is None or self._failure is not None or not len(data):
             return
-        try:
-            self._sock.sendall(struct.pack(">I", len(data)))
-            self._sock.sendall(data)
-            self.sent += len(data)
-        except OSError as error:
-            self._failure = error  # clamd may have answered already: `finish` reads it
+        chunk = data if isinstance(data, bytes) else bytes(data)
+
+        def send_chunk() -> None:
+            try:
+                sock.sendall(struct.pack(">I", len(chunk)))
+                sock.sendall(chunk)
+                self.sent += len(chunk)
+            except OSError as error:
+                self._failure = error  # clamd may have answered already: `finish` reads it
+
+        self._in_flight = Beside.start(send_chunk)
+
+    def _wait(self) -> None:
+        waiting, self._in_flight = self._in_flight, None
+        if waiting is not None:
+            waiting()
 
     def finish(self) -> StreamReply:
         """End the stream and wait for clamd's verdict.
@@ -160,17 +217,13 @@ class InstreamScan:
             StreamTooLarge: Over clamd's `StreamMaxLength`.
             ClamdError: A lost connection, a timeout, or any other error reply.
         """
+        self._wait()
         sock = self._sock
         if sock is None:
             raise ClamdError("the scan was already finished")
         try:
-            if self._failure is None:
-                try:
-                    sock.sendall(_END_OF_STREAM)
-                except OSError as error:
-                    self._failure = error
             try:
-                reply = _read_reply(sock)
+                reply = off_loop(_end_and_read, sock, self._failure is None)
             except OSError as error:
                 raise ClamdError(
                     f"clamd at {self._address} failed: {self._failure or error}"
@@ -181,9 +234,29 @@ class InstreamScan:
 
     def close(self) -> None:
         """Drop the connection (an abandoned upload); safe to call twice."""
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # a chunk still in flight fails now
+            except OSError:
+                pass
+            self._wait()
+            sock.close()
+
+
+def _command(sock: socket.socket, name: str) -> str:
+    sock.sendall(b"z" + name.encode("ascii") + b"\0")
+    return _read_reply(sock)
+
+
+def _end_and_read(sock: socket.socket, send_end: bool) -> str:
+    """Send the end of the stream (unless sending already failed), then read the reply."""
+    if send_end:
+        try:
+            sock.sendall(_END_OF_STREAM)
+        except OSError:
+            pass  # clamd cut the stream short: its reply says why
+    return _read_reply(sock)
 
 
 def parse_stream_reply(reply: str) -> StreamReply:
