@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import ScannerUnavailable
 from deerflow_web.errors import TooLargeToScan
 from deerflow_web.models import ScanState
@@ -28,6 +29,7 @@ from deerflow_web.models import UploadRecord
 from deerflow_web.services.scanning.scanner import Scanner
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.job_leases import JobLeases
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import make_dirs_with_mode
 from deerflow_web.storage.scan_events import QUARANTINED
 from deerflow_web.storage.scan_events import ScanEvent
@@ -103,24 +105,18 @@ class Rescanner:
         report.signatures = signatures
         for summary in self.uploads.records.summaries():
             try:
-                thread_id, user_id = self.uploads.paths.parse_scope(summary.scope)
-            except ValueError:
-                continue
-            for record in self.uploads.list_uploads(thread_id, user_id):
+                thread = self.uploads.paths.folders(self.uploads.paths.parse_scope(summary.scope))
+                records = self.uploads.list_uploads(thread)
+            except (ValueError, DeerFlowError):
+                continue  # not a thread's key, or a folder behind a link: nothing to read
+            for record in records:
                 if everything or is_due(record, signatures):
-                    self._scan_one(thread_id, user_id, summary.scope, record, report)
+                    self._scan_one(thread, record, report)
         logger.info("rescan: %s", report.summary())
         return report
 
-    def _scan_one(
-        self,
-        thread_id: str,
-        user_id: str | None,
-        scope: str,
-        record: UploadRecord,
-        report: RescanReport,
-    ) -> None:
-        path = self.uploads.uploads_dir(thread_id, user_id) / record.filename
+    def _scan_one(self, thread: ThreadFolders, record: UploadRecord, report: RescanReport) -> None:
+        path = thread.uploads_dir() / record.filename
         try:
             verdict = self.scanner.scan_file(path, record.filename)
         except TooLargeToScan:
@@ -129,7 +125,7 @@ class Rescanner:
             return  # removed or replaced meanwhile: its next listing and pass see it
         report.scanned += 1
         if verdict.state is ScanState.INFECTED:
-            if self._quarantine(thread_id, user_id, scope, record, verdict):
+            if self._quarantine(thread, record, verdict):
                 report.quarantined += 1
             return
         if verdict.state is ScanState.UNSCANNED:
@@ -137,22 +133,15 @@ class Rescanner:
         else:
             report.clean += 1
         self.uploads.records.set_scan(
-            scope, record.filename, record.sha256, verdict.state, verdict.signatures
+            thread.scope, record.filename, record.sha256, verdict.state, verdict.signatures
         )
 
     def _quarantine(
-        self,
-        thread_id: str,
-        user_id: str | None,
-        scope: str,
-        record: UploadRecord,
-        verdict: ScanVerdict,
+        self, thread: ThreadFolders, record: UploadRecord, verdict: ScanVerdict
     ) -> bool:
         make_dirs_with_mode(self.quarantine_dir)
         destination = self.quarantine_dir / f"{secrets.token_hex(8)}.quarantined"
-        moved = self.uploads.quarantine_upload(
-            thread_id, record.filename, record.sha256, destination, user_id
-        )
+        moved = self.uploads.quarantine_upload(thread, record.filename, record.sha256, destination)
         if not moved:
             return False
         os.chmod(destination, 0o600)
@@ -160,8 +149,8 @@ class Rescanner:
         found = verdict.found or "unknown"
         logger.warning(
             "quarantined upload: user=%s thread=%s name=%r sha256=%s signature=%s",
-            user_id or "-",
-            thread_id,
+            thread.ref.owner or "-",
+            thread.thread_id,
             record.filename,
             record.sha256,
             found,
@@ -170,9 +159,9 @@ class Rescanner:
             ScanEvent(
                 QUARANTINED,
                 now,
-                user_id,
-                thread_id,
-                scope,
+                thread.ref.owner,
+                thread.thread_id,
+                thread.scope,
                 record.filename,
                 record.sha256,
                 record.size,

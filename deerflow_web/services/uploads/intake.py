@@ -26,6 +26,11 @@ from deerflow_web.services.uploads.service import AlsoInCommit
 from deerflow_web.services.uploads.service import Staging
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.storage.paths import Thread
+from deerflow_web.storage.paths import ThreadFolders
+
+# What one refusal reports: (filename, sha256, size, signature).
+Refusal = tuple[str, str | None, int | None, str]
 
 
 @dataclass(frozen=True)
@@ -53,34 +58,28 @@ class UploadIntake:
 
     def accept(
         self,
-        thread_id: str,
+        thread: Thread,
         files: Iterable[IncomingFile],
         *,
         on_conflict: OnConflict,
-        user_id: str | None = None,
     ) -> AcceptedUploads:
         """Save `files` (all or nothing, see `UploadService.save_uploads`), then convert."""
-        result = self.uploads.save_uploads(
-            thread_id, files, on_conflict=on_conflict, user_id=user_id
-        )
-        self._report(
-            thread_id,
-            user_id,
-            [(r.filename, r.sha256, r.size, r.found or "") for r in result.infected],
-        )
-        companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
+        folders = self.uploads.folders(thread)
+        result = self.uploads.save_uploads(folders, files, on_conflict=on_conflict)
+        infected = [(r.filename, r.sha256, r.size, r.found or "") for r in result.infected]
+        self._report(folders, infected)
+        companions = self.conversions.convert_after_upload(folders, result)
         return AcceptedUploads(result, companions)
 
     def accept_staged(
         self,
-        thread_id: str,
+        thread: Thread,
         name: str,
         staging: Staging,
         *,
         sha256: str,
         content_type: str,
         on_conflict: OnConflict,
-        user_id: str | None = None,
         then: AlsoInCommit | None = None,
     ) -> AcceptedUploads:
         """Commit a file staged elsewhere (a finished resumable upload) exactly as a
@@ -92,36 +91,32 @@ class UploadIntake:
             ScannerUnavailable, TooLargeToScan: Not scanned, and the policy refuses; the
                 staging file stays, for a later retry.
         """
+        folders = self.uploads.folders(thread)
         verdict = None
         if self.scanner is not None:
             verdict = self.scanner.scan_file(staging.path, name)
             if verdict.state is ScanState.INFECTED:
                 found = verdict.found or "unknown"
-                size = staging.path.stat().st_size
-                self._report(thread_id, user_id, [(name, sha256, size, found)])
+                self._report(folders, [(name, sha256, staging.path.stat().st_size, found)])
                 raise InfectedFile(name, found)
         result = self.uploads.commit_staged(
-            thread_id,
+            folders,
             name,
             staging,
             sha256=sha256,
             content_type=content_type,
             on_conflict=on_conflict,
-            user_id=user_id,
             then=then,
             verdict=verdict,
         )
-        companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
+        companions = self.conversions.convert_after_upload(folders, result)
         return AcceptedUploads(result, companions)
 
-    def _report(
-        self,
-        thread_id: str,
-        user_id: str | None,
-        refusals: list[tuple[str, str | None, int | None, str]],
-    ) -> None:
+    def _report(self, folders: ThreadFolders, refusals: list[Refusal]) -> None:
         if refusals and self.refusals is not None:
-            scope = self.uploads.paths.scope(thread_id, user_id)
             self.refusals.refused(
-                user_id=user_id, thread_id=thread_id, scope=scope, refusals=refusals
+                user_id=folders.ref.owner,
+                thread_id=folders.thread_id,
+                scope=folders.scope,
+                refusals=refusals,
             )

@@ -12,13 +12,13 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from deerflow_web.agent.middleware import UploadsMiddleware
-from deerflow_web.agent.tools import make_list_uploaded_files_tool
-from deerflow_web.agent.tools import make_read_file_tool
+from deerflow_web.agent.tools import UploadTools
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import NotScannedYet
 from deerflow_web.errors import ScannerUnavailable
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import ScanState
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.scanning.clamd import ClamdAddress
 from deerflow_web.services.scanning.clamd import ClamdClient
@@ -39,6 +39,7 @@ from tests.support.clamd import EICAR_SIGNATURE
 from tests.support.clamd import Clamd
 
 T = "t1"
+REF = ThreadRef.single_user(T)  # these services are built without accounts
 
 
 def scanner_for(clamd: Clamd, **settings: Any) -> Scanner:
@@ -53,7 +54,7 @@ def scan_stream(clamd: Clamd, *chunks: bytes) -> Any:
 
 
 def store(service: UploadService, *files: tuple[bytes, str]) -> Any:
-    return service.save_uploads(T, [IncomingFile(name, io.BytesIO(data)) for data, name in files])
+    return service.save_uploads(REF, [IncomingFile(name, io.BytesIO(data)) for data, name in files])
 
 
 # ------------------------------------------------------------------ the client
@@ -135,10 +136,10 @@ def rescan_setup(tmp_path: Path, make_clamd: Any) -> Any:
 def test_files_stored_while_scanning_was_off_are_scanned_by_a_rescan(rescan_setup: Any) -> None:
     clamd, plain, scanned, _, rescans = rescan_setup
     store(plain, (b"before scanning", "old.txt"))
-    assert scanned.get_upload(T, "old.txt").scan_state is None
+    assert scanned.get_upload(REF, "old.txt").scan_state is None
     report = rescans.run()
     assert (report.scanned, report.clean) == (1, 1)
-    record = scanned.get_upload(T, "old.txt")
+    record = scanned.get_upload(REF, "old.txt")
     assert (record.scan_state, record.scan_signatures) == (ScanState.CLEAN, str(clamd.version))
     assert rescans.run().scanned == 0  # nothing due until the signatures change
 
@@ -149,12 +150,12 @@ def test_new_signatures_quarantine_a_file_found_infected_later(
     clamd, _, scanned, events, rescans = rescan_setup
     later = b"harmless until the signatures learn otherwise"
     store(scanned, (later, "later.bin"), (b"fine", "fine.txt"))
-    assert scanned.get_upload(T, "later.bin").scan_state is ScanState.CLEAN
+    assert scanned.get_upload(REF, "later.bin").scan_state is ScanState.CLEAN
     clamd.add_signature("Later-Test-Signature", later)
     report = rescans.run()
     assert (report.scanned, report.quarantined, report.clean) == (2, 1, 1)
-    assert [r.filename for r in scanned.list_uploads(T)] == ["fine.txt"]
-    assert not (scanned.uploads_dir(T) / "later.bin").exists()
+    assert [r.filename for r in scanned.list_uploads(REF)] == ["fine.txt"]
+    assert not (scanned.uploads_dir(REF) / "later.bin").exists()
     (event,) = events.recent()
     assert (event.kind, event.filename, event.thread_id) == ("quarantined", "later.bin", T)
     assert "Later-Test-Signature" in event.signature
@@ -185,7 +186,7 @@ def test_rescan_with_the_scanner_down_raises_and_changes_nothing(rescan_setup: A
     clamd.stop()
     with pytest.raises(ScannerUnavailable):
         rescans.run()
-    assert scanned.get_upload(T, "x.txt").scan_state is None
+    assert scanned.get_upload(REF, "x.txt").scan_state is None
 
 
 def test_one_instance_at_a_time_holds_the_rescan_lease(rescan_setup: Any) -> None:
@@ -209,13 +210,14 @@ def held_back(tmp_path: Path, make_clamd: Any) -> Any:
     store(service, (b"clean text\n", "clean.txt"))
     clamd.stop()
     store(service, (b"unscanned text\n", "held.txt"))
-    assert service.get_upload(T, "held.txt").scan_state is ScanState.UNSCANNED
+    assert service.get_upload(REF, "held.txt").scan_state is ScanState.UNSCANNED
     yield service
     engine.dispose()
 
 
 def test_list_tool_leaves_out_files_not_scanned_clean_and_says_why(held_back: Any) -> None:
-    tool = make_list_uploaded_files_tool(paths=held_back.paths, upload_service=held_back)
+    tools = UploadTools(paths=held_back.paths, upload_service=held_back, require_user=False)
+    tool = tools.by_name()["list_uploaded_files"]
     result = tool.invoke({"runtime": make_runtime({"thread_id": T})})
     assert [f["filename"] for f in result["files"]] == ["clean.txt"]
     assert result["withheld"] == [
@@ -227,7 +229,8 @@ def test_list_tool_leaves_out_files_not_scanned_clean_and_says_why(held_back: An
 
 
 def test_read_tool_refuses_a_file_not_scanned_clean(held_back: Any) -> None:
-    tool = make_read_file_tool(paths=held_back.paths, upload_service=held_back)
+    tools = UploadTools(paths=held_back.paths, upload_service=held_back, require_user=False)
+    tool = tools.by_name()["read_file"]
     runtime = make_runtime({"thread_id": T})
     text = tool.invoke({"path": "/mnt/user-data/uploads/held.txt", "runtime": runtime})
     assert "cannot be read yet" in text and "unscanned text" not in text
@@ -236,7 +239,9 @@ def test_read_tool_refuses_a_file_not_scanned_clean(held_back: Any) -> None:
 
 
 def test_middleware_announces_only_clean_files_and_names_the_others(held_back: Any) -> None:
-    middleware = UploadsMiddleware(paths=held_back.paths, upload_service=held_back)
+    middleware = UploadsMiddleware(
+        paths=held_back.paths, upload_service=held_back, require_user=False
+    )
     files = [{"filename": "clean.txt", "size": 11}, {"filename": "held.txt", "size": 15}]
     message = HumanMessage(content="read these", additional_kwargs={"files": files})
     result = middleware.before_agent({"messages": [message]}, make_runtime({"thread_id": T}))
@@ -252,6 +257,6 @@ def test_converter_skips_files_not_scanned_clean(held_back: Any) -> None:
     jobs = ConversionJobs(held_back, ConversionSettings())
     try:
         with pytest.raises(NotScannedYet):
-            jobs.convert(T, "held.pdf")
+            jobs.convert(REF, "held.pdf")
     finally:
         jobs.stop_keeper()
