@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-small bench-scale bench-instances bench-ocr browser postgres nginx fonts clean
+.PHONY: run test lint bench bench-small bench-scale bench-instances bench-ocr browser postgres nginx fonts clamav clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,12 +72,20 @@ fonts:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq fonts-noto-cjk >/dev/null; }
 
+# Debian's clamd and sigtool for the virus-scanning tests: the suite starts its own clamd on a
+# unix socket with a signature database it builds (tests/support/clamd.py); no signatures
+# are downloaded and no system daemon is started.
+clamav:
+	@{ [ -x /usr/sbin/clamd ] && command -v sigtool >/dev/null 2>&1; } || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq clamav-daemon clamav >/dev/null; }
+
 # The suite runs in both modes of SPEC 7.1: accounts on (the default), then the single-user
 # mode of the first release. The browser tests run in the first pass only: each file-manager
 # test serves both modes itself (its `mode` parameter: signed in through the login page with
 # accounts on, and single-user), which DEER_FLOW_AUTH_DISABLED=1 would prevent, since it
 # forces accounts off; the account tests need accounts on.
-test: $(VENV)/.test browser postgres nginx fonts
+test: $(VENV)/.test browser postgres nginx fonts clamav
 	$(BIN)/python -m pytest -q
 	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -m "not browser"
 

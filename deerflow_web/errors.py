@@ -125,6 +125,36 @@ class NameConflict(UploadError):
         self.name = name
 
 
+class ScannerUnavailable(UploadError):
+    """The virus scanner could not answer; nothing was stored (fail-closed)."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(
+            "Virus scanning is unavailable right now, so the upload was refused and nothing "
+            "was stored; try again shortly"
+        )
+        self.retry_after = retry_after
+
+
+class TooLargeToScan(UploadError):
+    """The file is larger than the virus scanner accepts; it was not stored."""
+
+    def __init__(self, filename: str) -> None:
+        super().__init__(
+            f"{filename} is larger than the virus scanner accepts, so it was not stored"
+        )
+        self.filename = filename
+
+
+class InfectedFile(UploadError):
+    """The virus scanner found something in the file; it was not stored."""
+
+    def __init__(self, filename: str, signature: str) -> None:
+        super().__init__(f"{filename} was refused: the virus scanner found {signature}")
+        self.filename = filename
+        self.signature = signature
+
+
 class InvalidPath(UploadError):
     """A path that points outside the folder it must stay in."""
 
@@ -223,6 +253,14 @@ class NotConvertible(ConversionError):
             ".xlsx documents and .png, .jpg, .jpeg, .webp, .tif, .tiff, .bmp and .gif images "
             "are converted to Markdown"
         )
+
+
+class NotScannedYet(ConversionError):
+    """Virus scanning is on and the file is not (yet) scanned clean: it is not converted."""
+
+    def __init__(self, filename: str, reason: str) -> None:
+        super().__init__(f"{filename} cannot be converted yet: {reason}")
+        self.filename = filename
 
 
 class ConversionTimedOut(ConversionError):

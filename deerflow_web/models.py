@@ -150,6 +150,31 @@ class ConversionState(enum.StrEnum):
     FAILED = "failed"
 
 
+class ScanState(enum.StrEnum):
+    """What the virus scanner said about a stored file (`services/scanning`).
+
+    A record without a state (None) was stored while scanning was off, or found on disk:
+    usable while scanning is off, and held back like `pending` while it is on, until a
+    rescan gives it a state.
+    """
+
+    CLEAN = "clean"
+    INFECTED = "infected"  # never stored by an upload; a rescan quarantines such a file
+    UNSCANNED = "unscanned"  # stored while the scanner was out (`on_unavailable`)
+    PENDING = "pending"  # waiting for its first scan
+
+
+@dataclass(frozen=True)
+class ScanVerdict:
+    """One scan's outcome: the state to record, the signature version it was made with,
+    and what was found (INFECTED) or why the file went unscanned (UNSCANNED)."""
+
+    state: ScanState
+    signatures: str | None = None
+    found: str | None = None
+    reason: str | None = None
+
+
 # A job in these states is still running (or waiting to); pages poll until none is left.
 ACTIVE_CONVERSION_STATES: frozenset[ConversionState] = frozenset(
     {ConversionState.QUEUED, ConversionState.CONVERTING}
@@ -267,6 +292,8 @@ class UploadRecord:
     conversion_state: ConversionState | None = None
     conversion_error: str | None = None
     source_sha256: str | None = None
+    scan_state: ScanState | None = None
+    scan_signatures: str | None = None  # the scanner's signature database version
 
     @property
     def extension(self) -> str:

@@ -139,6 +139,65 @@ class ResumableSettings:
         )
 
 
+SCAN_POLICIES = ("refuse", "accept_unscanned")
+
+
+@dataclass(frozen=True)
+class ScanSettings:
+    """Virus scanning with clamd (`scanning.*`): off unless `clamd` names its socket.
+
+    Fail-closed: when the scanner cannot answer (or a file is over clamd's
+    `StreamMaxLength`) the upload is refused, unless `on_unavailable` (`on_too_large`)
+    is `accept_unscanned`; such a file is stored as `unscanned` and kept from the agent
+    until a rescan clears it.
+    """
+
+    clamd: str | None = None  # a unix socket path, or host:port
+    on_unavailable: str = "refuse"
+    on_too_large: str = "refuse"
+    timeout_seconds: float = 60.0
+    retry_after_seconds: int = 30
+    # The periodic rescan (one instance at a time, leased in the database); 0: off, and
+    # `flask files rescan` is the way to rescan.
+    rescan_interval_seconds: float = 3600.0
+    quarantine_days: float = 30.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether uploads are scanned at all."""
+        return self.clamd is not None
+
+    @classmethod
+    def from_mapping(cls, scanning: Mapping[str, Any]) -> ScanSettings:
+        """Read `scanning.*`; an unknown policy stops start-up (a typo must not open the
+        gate), bad numbers fall back with a warning."""
+
+        def policy(key: str) -> str:
+            value = str(scanning.get(key) or "refuse").strip().lower()
+            if value not in SCAN_POLICIES:
+                raise ConfigError(
+                    f"scanning.{key} must be one of: {', '.join(SCAN_POLICIES)} (got {value!r})"
+                )
+            return value
+
+        def number(key: str, default: Any) -> Any:
+            return positive_setting(scanning, key, default, section_name="scanning")
+
+        interval = scanning.get("rescan_interval_seconds")
+        off = interval is not None and str(interval).strip() in {"0", "0.0"}
+        return cls(
+            clamd=_optional_string(scanning.get("clamd")),
+            on_unavailable=policy("on_unavailable"),
+            on_too_large=policy("on_too_large"),
+            timeout_seconds=number("timeout_seconds", cls.timeout_seconds),
+            retry_after_seconds=number("retry_after_seconds", cls.retry_after_seconds),
+            rescan_interval_seconds=(
+                0.0 if off else number("rescan_interval_seconds", cls.rescan_interval_seconds)
+            ),
+            quarantine_days=number("quarantine_days", cls.quarantine_days),
+        )
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     """How much of a worker one slow or greedy client may hold (`server.*`,
@@ -267,6 +326,7 @@ class Settings:
     resumable: ResumableSettings = field(default_factory=ResumableSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     archives: ArchiveLimits = field(default_factory=ArchiveLimits)
+    scanning: ScanSettings = field(default_factory=ScanSettings)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     config_path: Path | None = None
@@ -488,6 +548,7 @@ def load_settings(
         resumable=ResumableSettings.from_mapping(uploads),
         agent=agent_from_mapping(_section(config, "agent")),
         archives=ArchiveLimits.from_mapping(_section(config, "archives"), uploads),
+        scanning=ScanSettings.from_mapping(_section(config, "scanning")),
         allowed_origins=tuple(o.strip().rstrip("/").lower() for o in origins),
         allowed_hosts=allowed_hosts_from(server, env),
         config_path=path,

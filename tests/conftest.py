@@ -29,6 +29,8 @@ from deerflow_web.web import create_app
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import UploadActions
 from tests.helpers import prepare_test_app
+from tests.support.clamd import Clamd
+from tests.support.clamd import clamd_missing
 from tests.support.openapi_check import check_response
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import external_url
@@ -84,6 +86,36 @@ def migrated_postgres_url(postgres: PostgresServer, postgres_template: str) -> I
         yield url
     finally:
         postgres.drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def clamd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clamd]:
+    """The session's clamd (tests/support/clamd.py): EICAR is its one signature. Tests
+    that stop, pause or teach it use `make_clamd` instead."""
+    if (reason := clamd_missing()) is not None:
+        pytest.skip(reason)
+    server = Clamd(tmp_path_factory.mktemp("clamd")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def make_clamd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Start a clamd of this test's own (`stream_max`: its StreamMaxLength)."""
+    if (reason := clamd_missing()) is not None:
+        pytest.skip(reason)
+    started: list[Clamd] = []
+
+    def factory(stream_max: str = "256M") -> Clamd:
+        server = Clamd(tmp_path_factory.mktemp("clamd"), stream_max).start()
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -176,6 +208,7 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         *,
         auth: dict[str, Any] | None = None,
         server: dict[str, Any] | None = None,
+        scanning: dict[str, Any] | None = None,
         test_user: bool = True,
         **overrides: Any,
     ) -> Flask:
@@ -188,7 +221,12 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         }
         sections = {
             name: value
-            for name, value in (("uploads", uploads), ("auth", auth), ("server", server))
+            for name, value in (
+                ("uploads", uploads),
+                ("auth", auth),
+                ("server", server),
+                ("scanning", scanning),
+            )
             if value is not None
         }
         if sections:
@@ -207,6 +245,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
     for app in made:  # no lease keeper or pooled connection outlives its test
         services = app.extensions[EXTENSION_KEY]
         services.conversions.stop_keeper()
+        if services.rescans is not None:
+            services.rescans.stop()
         services.engine.dispose()
 
 

@@ -48,6 +48,8 @@ from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.runtime import thread_ref_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
+from deerflow_web.agent.uploads_source import scanning_on
+from deerflow_web.agent.uploads_source import usable_records
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import Area
 from deerflow_web.models import UploadRecord
@@ -207,15 +209,22 @@ class UploadsMiddleware(AgentMiddleware):
         return None if ref is None else self._paths.folders(ref)
 
     def _records(self, thread: ThreadFolders) -> list[UploadRecord] | None:
+        """The records the agent may use (with scanning on, clean ones only)."""
+        return self._records_and_withheld(thread)[0]
+
+    def _records_and_withheld(
+        self, thread: ThreadFolders
+    ) -> tuple[list[UploadRecord] | None, dict[str, str] | None]:
         try:
-            return list(self._lister.list_uploads(thread))
+            return usable_records(self._lister, thread)
         except ValueError:
             raise  # an invalid thread or user id is the caller's bug, not a storage hiccup
         except Exception:
             # The turn must go on when the record index is unavailable: the current mode
             # still announces from the message, only the `uploads` key is left out.
             logger.exception("cannot list the uploads of thread %s", thread.thread_id)
-            return None
+            # With scanning on, no record means no file can be shown clean: none is.
+            return None, ({} if scanning_on(self._lister) else None)
 
     def _current(self, state: Any, runtime: Any) -> dict[str, Any]:
         required_user_id(runtime, self._require_user)  # even for a run without a thread
@@ -223,12 +232,16 @@ class UploadsMiddleware(AgentMiddleware):
         thread_id = thread.thread_id if thread is not None else None
         uploads_dir = None
         records = None
+        withheld = {} if scanning_on(self._lister) else None
         if thread is not None:
             uploads_dir = self._uploads_dir(thread)
-            records = self._records(thread) if uploads_dir is not None else None
+            if uploads_dir is not None:
+                records, withheld = self._records_and_withheld(thread)
         last = last_human(state_messages(state))
         raw_files = last.additional_kwargs.get("files") if last is not None else None
-        turn = current_turn(raw_files, records, uploads_dir, max_files=self._max_files)
+        turn = current_turn(
+            raw_files, records, uploads_dir, max_files=self._max_files, withheld=withheld
+        )
         update = turn.state_update()
         if last is None or turn.block is None:
             if raw_files:

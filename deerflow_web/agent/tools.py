@@ -43,6 +43,7 @@ from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.runtime import thread_ref_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
+from deerflow_web.agent.uploads_source import usable_records
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
@@ -210,9 +211,14 @@ class UploadTools:
                 record.filename == name for record in lister.list_uploads(thread)
             )
 
+        def withheld(name: str) -> str | None:  # virus scanning: only clean files are read
+            if lister is None:
+                return None
+            return (usable_records(lister, thread)[1] or {}).get(name)
+
         try:
             texts = self.documents.for_thread(thread) if documents else None
-            return UserDataFiles(thread, texts, listed_upload)
+            return UserDataFiles(thread, texts, listed_upload, withheld)
         except DeerFlowError as error:
             raise ToolException(neutralize(str(error))) from error
 
@@ -266,15 +272,28 @@ class UploadTools:
                 uploads_dir = thread.uploads_dir()
             except DeerFlowError as error:
                 raise ToolException(neutralize(str(error))) from error
-            return list_uploaded_files_result(
+            withheld: dict[str, str] = {}
+
+            def load_records() -> list[Any]:
+                usable, held = usable_records(lister, thread)
+                withheld.update(held or {})
+                return usable
+
+            result = list_uploaded_files_result(
                 uploads_dir,
-                lambda: list(lister.list_uploads(thread)),
+                load_records,
                 current_names=_current_run_names(runtime),
                 include_outline=include_outline,
                 max_results=max_results,
                 query=query,
                 extensions=extensions,
             )
+            if withheld:  # said why, so the model can tell the person
+                result["withheld"] = [
+                    {"filename": neutralize(name), "reason": reason}
+                    for name, reason in withheld.items()
+                ]
+            return result
 
         list_uploaded_files.handle_tool_error = True
         return list_uploaded_files

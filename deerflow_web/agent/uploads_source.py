@@ -18,6 +18,7 @@ from typing import Protocol
 
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
+from deerflow_web.services.scanning.policy import split_usable
 from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.local import is_foreign_link
 from deerflow_web.storage.paths import Thread
@@ -37,6 +38,23 @@ class UploadLister(Protocol):
     def list_uploads(self, thread: ThreadFolders) -> list[UploadRecord]:
         """Return the thread's records; companions carry `converted_from`."""
         ...
+
+
+def scanning_on(lister: UploadLister | None) -> bool:
+    """Whether the records come from an upload service that scans uploads (then only
+    clean files reach the model: `services/scanning/policy.py`)."""
+    return getattr(lister, "scanner", None) is not None
+
+
+def usable_records(
+    lister: UploadLister, thread: ThreadFolders
+) -> tuple[list[UploadRecord], dict[str, str] | None]:
+    """The records the agent may use, and (scanning on) the others' names with why."""
+    records = list(lister.list_uploads(thread))
+    if not scanning_on(lister):
+        usable, withheld = split_usable(records, False)
+        return usable, withheld or None
+    return split_usable(records, True)
 
 
 class DirectoryUploadLister:

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from deerflow_web.storage.local import is_disk_full
 
@@ -21,6 +22,25 @@ logger = logging.getLogger(__name__)
 OK = "ok"
 FAILED = "failed"
 FULL = "full"  # the data dir has no space left: free some, nothing to wait for
+OFF = "off"  # virus scanning is not configured
+
+
+class Pingable(Protocol):
+    """Something that raises unless its server answers (the virus scanner)."""
+
+    def check(self) -> None: ...
+
+
+def scanner_state(scanner: Pingable | None) -> str:
+    """`off` without scanning, `ok` when clamd answers PING, else `failed` (logged)."""
+    if scanner is None:
+        return OFF
+    try:
+        scanner.check()
+    except Exception as error:  # unreachable, timed out, a wrong answer: not ready to scan
+        logger.warning("readiness: virus scanner unavailable: %s", error)
+        return FAILED
+    return OK
 
 
 @dataclass(frozen=True)

@@ -170,12 +170,49 @@ uploads = Table(
     Column("source_sha256", Text),
     Column("conversion_queued_at", Float),  # claim order of queued jobs
     Column("conversion_lease_until", Float),  # a converting job past this is claimed again
+    # The virus scanner's verdict and the signature version it came from (models.ScanState;
+    # NULL: never scanned, stored while scanning was off).
+    Column("scan_state", Text),
+    Column("scan_signatures", Text),
     PrimaryKeyConstraint("scope", "filename"),
     Index("ix_uploads_conversion_state", "conversion_state"),
     # A commit's duplicate check and a file's companions, read by index (migration 0007).
     Index("ix_uploads_sha256", "scope", "sha256", "filename"),
     Index("ix_uploads_converted_from", "scope", "converted_from"),
     sqlite_with_rowid=False,
+)
+
+scan_events = Table(
+    "scan_events",
+    metadata,
+    # Uploads the scanner refused and files a later rescan quarantined, for the admin page
+    # and for the thread's owner. A quarantined file's bytes sit under `quarantine_path`
+    # (outside every thread) until `purge_after`.
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),  # "refused" or "quarantined"
+    Column("at", Float, nullable=False),
+    Column("user_id", String(36)),  # None in the single-user layout
+    Column("thread_id", String(64), nullable=False),
+    Column("scope", Text, nullable=False),
+    Column("filename", Text, nullable=False),
+    Column("sha256", Text),
+    Column("size", BigInteger),
+    Column("signature", Text, nullable=False),
+    Column("quarantine_path", Text),
+    Column("purge_after", Float),
+    Index("ix_scan_events_at", "at"),
+    Index("ix_scan_events_scope", "scope", "at"),
+)
+
+job_leases = Table(
+    "job_leases",
+    metadata,
+    # One row per periodic job (the rescan): the instance whose lease has not run out runs
+    # it; any other instance takes it over once the lease lapses.
+    Column("name", String(64), primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("lease_until", Float, nullable=False),
+    Column("state", Text),  # what the job needs to remember between runs (JSON)
 )
 
 record_versions = Table(

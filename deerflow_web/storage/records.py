@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy import Executable
 from sqlalchemy import and_
 from sqlalchemy import bindparam
+from sqlalchemy import case
 from sqlalchemy import delete
 from sqlalchemy import func
 from sqlalchemy import or_
@@ -38,6 +39,7 @@ from sqlalchemy.engine import Connection
 from deerflow_web.models import ACTIVE_CONVERSION_STATES
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
+from deerflow_web.models import ScanState
 from deerflow_web.models import UploadRecord
 from deerflow_web.storage.database import is_sqlite
 from deerflow_web.storage.database import record_versions
@@ -61,6 +63,8 @@ _RECORD_COLUMNS = (
     uploads.c.conversion_state,
     uploads.c.conversion_error,
     uploads.c.source_sha256,
+    uploads.c.scan_state,
+    uploads.c.scan_signatures,
 )
 _ACTIVE = [state.value for state in ACTIVE_CONVERSION_STATES]
 
@@ -91,6 +95,7 @@ class ThreadSummary:
 
 _SOURCES = {source.value: source for source in RecordSource}
 _STATES = {state.value: state for state in ConversionState}
+_SCAN_STATES = {state.value: state for state in ScanState}
 
 
 def _to_stored(row: tuple) -> StoredRecord:
@@ -109,6 +114,8 @@ def _to_stored(row: tuple) -> StoredRecord:
         state,
         error,
         source_sha256,
+        scan_state,
+        scan_signatures,
     ) = row
     return StoredRecord(
         record=UploadRecord(
@@ -124,6 +131,8 @@ def _to_stored(row: tuple) -> StoredRecord:
             conversion_state=_STATES[state] if state else None,  # dict: Enum() is slow
             conversion_error=error,
             source_sha256=source_sha256,
+            scan_state=_SCAN_STATES[scan_state] if scan_state else None,
+            scan_signatures=scan_signatures,
         ),
         mtime_ns=mtime_ns,
         inode=inode,
@@ -219,6 +228,8 @@ def _values(scope: str, stored: StoredRecord) -> dict[str, Any]:
         "conversion_state": r.conversion_state.value if r.conversion_state else None,
         "conversion_error": r.conversion_error,
         "source_sha256": r.source_sha256,
+        "scan_state": r.scan_state.value if r.scan_state else None,
+        "scan_signatures": r.scan_signatures,
         # A record written whole starts without a job holder, as a replaced file would.
         "conversion_owner": None,
         "conversion_queued_at": None,
@@ -535,7 +546,32 @@ class DatabaseUploadRecords:
                     mtime_ns=stored.mtime_ns,
                     inode=stored.inode,
                     ctime_ns=stored.ctime_ns,
+                    # New bytes have not been scanned (the same bytes keep their verdict).
+                    scan_state=case(
+                        (uploads.c.sha256 == r.sha256, uploads.c.scan_state), else_=None
+                    ),
+                    scan_signatures=case(
+                        (uploads.c.sha256 == r.sha256, uploads.c.scan_signatures), else_=None
+                    ),
                 )
+            )
+            return result.rowcount > 0
+
+    def set_scan(
+        self, scope: str, filename: str, sha256: str, state: ScanState, signatures: str | None
+    ) -> bool:
+        """Record a scan's verdict on the file, if its record still describes the bytes
+        that were scanned (`sha256`); False otherwise (replaced or gone meanwhile)."""
+        with self._write() as db:
+            _bump_version(db, scope)  # the same lock order as every writer
+            result = db.execute(
+                update(uploads)
+                .where(
+                    uploads.c.scope == scope,
+                    uploads.c.filename == filename,
+                    uploads.c.sha256 == sha256,
+                )
+                .values(scan_state=state.value, scan_signatures=signatures)
             )
             return result.rowcount > 0
 

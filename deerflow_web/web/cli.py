@@ -1,6 +1,7 @@
 """`flask --app app users ...`: set up accounts without a browser (SPEC 7.2);
 `flask --app app db upgrade`: migrate the shared database (SPEC 9);
-`flask --app app import-deerflow DIR`: adopt a DeerFlow data directory, once (doc C).
+`flask --app app import-deerflow DIR`: adopt a DeerFlow data directory, once (doc C);
+`flask --app app files rescan`: scan stored files again for viruses.
 
 The commands use the same account rules as the pages and the API: a password the set-up
 page would refuse is refused here too.
@@ -27,6 +28,7 @@ from deerflow_web.storage.migrate import upgrade_database
 from deerflow_web.web.wiring import get_services
 
 db_cli = AppGroup("db", help="The shared database: apply its migrations.")
+files_cli = AppGroup("files", help="Stored files: rescan them for viruses.")
 users_cli = AppGroup("users", help="Manage accounts: create users, API tokens, adopt threads.")
 
 
@@ -87,6 +89,24 @@ def adopt_threads(email: str) -> None:
     for thread_id, reason in report.skipped:
         click.echo(f"skipped {thread_id}: {reason}", err=True)
     click.echo(f"{len(report.moved)} thread(s) moved to {account.email}")
+
+
+@files_cli.command("rescan")
+@click.option("--all", "everything", is_flag=True, help="Scan every file, not only those due.")
+def rescan_files(everything: bool) -> None:
+    """Scan stored files again with clamd; quarantine what is found infected now.
+
+    Due are the files never scanned clean and those scanned with other signatures than
+    clamd runs now.
+    """
+    rescans = get_services().rescans
+    if rescans is None:
+        raise click.ClickException("Scanning is off: set scanning.clamd in config.yaml first.")
+    try:
+        report = rescans.run(everything=everything)
+    except DeerFlowError as error:
+        _fail(error)
+    click.echo(report.summary())
 
 
 @db_cli.command("upgrade")
@@ -168,4 +188,5 @@ def init_app(app: Flask) -> None:
     """Register the command groups."""
     app.cli.add_command(users_cli)
     app.cli.add_command(db_cli)
+    app.cli.add_command(files_cli)
     app.cli.add_command(import_deerflow_command)

@@ -34,6 +34,7 @@ from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import EmailTaken
 from deerflow_web.errors import FileTooLarge
+from deerflow_web.errors import InfectedFile
 from deerflow_web.errors import InsufficientStorage
 from deerflow_web.errors import InvalidEmail
 from deerflow_web.errors import InvalidInput
@@ -57,11 +58,13 @@ from deerflow_web.errors import RegistrationDisabled
 from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import ResumableExpired
 from deerflow_web.errors import ResumableNotFound
+from deerflow_web.errors import ScannerUnavailable
 from deerflow_web.errors import SelfDisable
 from deerflow_web.errors import SelfReset
 from deerflow_web.errors import StorageFailure
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import TokenNotFound
+from deerflow_web.errors import TooLargeToScan
 from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import TusVersionMissing
@@ -110,6 +113,11 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     ConfigError: 503,
     ConversionTimedOut: 504,
     InsufficientStorage: 507,
+    # virus scanning: refused content is 422 (understood, and refused for what it holds),
+    # a scanner that cannot answer 503 with Retry-After, a file it cannot take 413
+    InfectedFile: 422,
+    ScannerUnavailable: 503,
+    TooLargeToScan: 413,
     # tus 1.0.0 (SPEC 8)
     InvalidTusRequest: 400,
     PastUploadLength: 400,
@@ -226,7 +234,7 @@ def register_error_handlers(app: Flask) -> None:
         if isinstance(error, AuthError) and _wants_json():
             return {"detail": {"code": error.code, "message": str(error)}}, status
         headers = []
-        if isinstance(error, ConversionQueueFull | LockedOut):
+        if isinstance(error, ConversionQueueFull | LockedOut | ScannerUnavailable):
             headers.append(("Retry-After", str(error.retry_after)))
         return render_error(status, str(error), headers)
 

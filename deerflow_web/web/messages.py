@@ -15,6 +15,8 @@ from deerflow_web.errors import InsufficientStorage
 from deerflow_web.errors import InvalidThreadId
 from deerflow_web.errors import NameConflict
 from deerflow_web.errors import NoFilesProvided
+from deerflow_web.errors import ScannerUnavailable
+from deerflow_web.errors import TooLargeToScan
 from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import UploadNotFound
@@ -38,6 +40,15 @@ def describe_error(error: DeerFlowError, limits: UploadLimits) -> str:
         return _(
             "The files together are larger than %(limit)s. Nothing was uploaded.",
             limit=human_size(limits.max_total_size),
+        )
+    if isinstance(error, ScannerUnavailable):
+        return _(
+            "Virus scanning is unavailable right now. Nothing was uploaded; try again shortly."
+        )
+    if isinstance(error, TooLargeToScan):
+        return _(
+            "“%(name)s” is larger than the virus scanner accepts. Nothing was uploaded.",
+            name=error.filename,
         )
     if isinstance(error, NoFilesProvided):
         return _("Choose at least one file.")

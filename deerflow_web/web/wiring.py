@@ -19,6 +19,10 @@ from deerflow_web.services.conversion.runner import sweep_stale_work_folders
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.tool_preview import ToolPreviewService
+from deerflow_web.services.scanning.events import RefusalLog
+from deerflow_web.services.scanning.rescan import Rescanner
+from deerflow_web.services.scanning.scanner import Scanner
+from deerflow_web.services.scanning.scanner import make_scanner
 from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.services.uploads.intake import UploadIntake
 from deerflow_web.services.uploads.resumable import ResumableUploadService
@@ -26,12 +30,14 @@ from deerflow_web.services.uploads.resumable import make_resumable_service
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
+from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.paths import make_dirs_with_mode
 from deerflow_web.storage.paths import secure_data_dir
 from deerflow_web.storage.paths import tighten_secret_file
 from deerflow_web.storage.paths import use_storage_group
+from deerflow_web.storage.scan_events import ScanEvents
 
 EXTENSION_KEY = "deerflow_web"
 SECRET_KEY_FILE = "secret_key"
@@ -44,16 +50,26 @@ class Services:
         self.settings = settings
         # One engine per process, shared by every store (SPEC 9); migrated before first use.
         self.engine = open_database(settings.base_dir, settings.database_url)
+        # Virus scanning (issue: scan before anyone sees it): None unless configured.
+        self.scanner: Scanner | None = make_scanner(settings.scanning)
+        self.scan_events = ScanEvents(self.engine)
         self.uploads: UploadService = make_upload_service(
-            settings.base_dir, settings.limits, self.engine
+            settings.base_dir, settings.limits, self.engine, self.scanner
         )
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.extractor = ArchiveExtractor(self.uploads, settings.archives)
         self.intake = UploadIntake(
             self.uploads,
             self.conversions,
-            self.extractor if settings.archives.extract_on_upload else None,
+            extractor=self.extractor if settings.archives.extract_on_upload else None,
+            scanner=self.scanner,
+            refusals=RefusalLog(self.scan_events),
         )
+        self.rescans: Rescanner | None = None
+        if self.scanner is not None:
+            self.rescans = Rescanner(
+                self.uploads, self.scanner, self.scan_events, JobLeases(self.engine)
+            )
         self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
         self.tool_previews = ToolPreviewService(
             self.conversions, settings.agent.read_conversion_wait_seconds
@@ -120,6 +136,8 @@ def init_app(app: Flask, settings: Settings) -> None:
     )
     sweep_stale_work_folders()  # of converters whose server was killed
     services.conversions.reclaim_interrupted_jobs()
+    if services.rescans is not None:
+        services.rescans.start(settings.scanning.rescan_interval_seconds)
     app.extensions[EXTENSION_KEY] = services
 
 

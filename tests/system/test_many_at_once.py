@@ -52,7 +52,12 @@ def test_healthz(client: FlaskClient) -> None:
 def test_readyz_when_all_is_well(client: FlaskClient, base_dir: Path) -> None:
     response = client.get("/readyz")
     assert response.status_code == 200
-    assert response.get_json() == {"status": "ok", "database": "ok", "storage": "ok"}
+    assert response.get_json() == {
+        "status": "ok",
+        "database": "ok",
+        "storage": "ok",
+        "scanner": "off",
+    }
     assert not [name for name in os.listdir(base_dir) if name.startswith(".readyz-")]
 
 

@@ -52,6 +52,7 @@ from deerflow_web.errors import ConversionError
 from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import ConversionUserLimit
 from deerflow_web.errors import NotConvertible
+from deerflow_web.errors import NotScannedYet
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import ACTIVE_CONVERSION_STATES
 from deerflow_web.models import SINGLE_USER
@@ -60,6 +61,7 @@ from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.conversion.runner import convert_to_markdown
 from deerflow_web.services.files.freshness import checked_upload
+from deerflow_web.services.scanning.policy import withheld_reason
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import ConversionSettings
@@ -293,6 +295,8 @@ class ConversionJobs:
         record = self.uploads.get_upload(folders, filename)
         if not record.convertible:
             raise NotConvertible(filename)
+        if (reason := withheld_reason(record, self.uploads.scanner is not None)) is not None:
+            raise NotScannedYet(filename, reason)  # the converter reads only clean files
         timeout = self.settings.wait_seconds if wait is None else wait
         scope = folders.scope
         records = self.uploads.records
@@ -323,7 +327,12 @@ class ConversionJobs:
         """
         if not self.settings.auto_convert_documents:
             return {}
-        names = [saved.record.filename for saved in result.files if saved.record.convertible]
+        scanning = self.uploads.scanner is not None
+        names = [
+            saved.record.filename
+            for saved in result.files
+            if saved.record.convertible and withheld_reason(saved.record, scanning) is None
+        ]
         if not names:
             return {}
         try:
@@ -637,6 +646,9 @@ class ConversionJobs:
                 source=RecordSource.CONVERSION,
                 converted_from=filename,
                 source_sha256=sha256,
+                # Made from the original's bytes, which were converted only once usable.
+                scan_state=original.record.scan_state,
+                scan_signatures=original.record.scan_signatures,
             )
             facts = facts_of(info)
             txn.put(StoredRecord(companion, facts.mtime_ns, facts.inode, facts.ctime_ns))

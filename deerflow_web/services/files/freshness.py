@@ -143,6 +143,8 @@ def checked_record(
             content_type=content_type,
             modified=facts.mtime_ns / 1e9,
         )
+        if sha256 != current.record.sha256:  # new bytes have not been scanned
+            record = replace(record, scan_state=None, scan_signatures=None)
         # Only the file's columns: a conversion job running on it keeps its owner and lease.
         fresh = StoredRecord(record, facts.mtime_ns, facts.inode, facts.ctime_ns)
         records.update_file(scope, fresh)

@@ -31,6 +31,7 @@ from deerflow_web.services.prompt.turn import UploadTurn
 from deerflow_web.services.prompt.turn import compose_text
 from deerflow_web.services.prompt.turn import current_turn
 from deerflow_web.services.prompt.turn import incremental_turn
+from deerflow_web.services.scanning.policy import split_usable
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.chat_turns import DatabasePreviewHistory
 from deerflow_web.storage.chat_turns import PreviewHistory
@@ -161,6 +162,7 @@ def build_preview_turn(
     shown_uploads: Any = None,
     max_files: int = DEFAULT_MAX_FILES,
     max_results: int = DEFAULT_MAX_RESULTS,
+    scanning_on: bool = False,
 ) -> PreviewTurn:
     """Compute one turn exactly as the uploads middleware and the tool would.
 
@@ -173,23 +175,32 @@ def build_preview_turn(
         shown_uploads: State `shown_uploads` before the turn (incremental mode only).
         max_files: The middleware's `max_files_per_context_section`.
         max_results: `list_uploaded_files`'s `max_results`.
+        scanning_on: Virus scanning is on: only clean files reach the model.
 
     Raises:
         ValueError: An unknown mode.
     """
     message_files = message_files_for(records, attached)
+    usable, withheld = split_usable(records, scanning_on)
     turn: UploadTurn
     if mode == "current":
-        turn = current_turn(message_files, records, uploads_dir, max_files=max_files)
+        turn = current_turn(
+            message_files,
+            usable,
+            uploads_dir,
+            max_files=max_files,
+            withheld=withheld if scanning_on else None,
+        )
     elif mode == "incremental":
-        turn = incremental_turn(records, shown_uploads, uploads_dir, max_files=max_files)
+        turn = incremental_turn(usable, shown_uploads, uploads_dir, max_files=max_files)
     else:
         raise ValueError(f"mode must be one of {', '.join(PREVIEW_MODES)}, not {mode!r}")
     tool_result = list_uploaded_files_result(
         uploads_dir,
-        lambda: records,
+        lambda: usable,
         current_names={entry["filename"] for entry in turn.uploaded_files},
         max_results=max_results,
+        withheld=withheld,
     )
     return PreviewTurn(
         text=text,
@@ -253,6 +264,7 @@ class ChatPreviewService:
             mode,
             shown_uploads=carried_shown_uploads(self.history(folders)),
             max_files=self._max_files,
+            scanning_on=self._uploads.scanner is not None,
         )
         stored = self._history.append(folders.scope, turn.to_data())
         return PreviewTurn.from_stored(stored)

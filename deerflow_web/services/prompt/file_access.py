@@ -270,10 +270,15 @@ class UserDataFiles:
         documents: DocumentTexts | None = None,
         listed_upload: Callable[[str], bool] | None = None,
         archive_limits: ArchiveLimits | None = None,
+        withheld: Callable[[str], str | None] | None = None,
     ) -> None:
         """`listed_upload(name)` says whether the upload listing includes a name; without
         it, no hard-linked file in uploads/ is read. Archives are read under
-        `archive_limits`, else the documents' (the settings'), else the defaults."""
+        `archive_limits`, else the documents' (the settings'), else the defaults.
+        `withheld(name)` says why an upload may not be used yet (virus scanning), None
+        when it may."""
+        self._withheld = withheld
+        self._uploads_real: Path | None = None
         self._thread = thread
         self._listed_upload = listed_upload
         self._base = thread.user_data_dir().resolve()
@@ -418,6 +423,16 @@ class UserDataFiles:
         """A hard link in uploads/ that the listing leaves out: its bytes are not ours."""
         return is_foreign_upload(self._thread, real, self._listed_upload)
 
+    def _held(self, real: Path) -> str | None:
+        """Why an upload may not be read yet (not scanned clean), None when it may."""
+        if self._withheld is None:
+            return None
+        if self._uploads_real is None:
+            self._uploads_real = self._thread.uploads_dir().resolve()
+        if real.parent != self._uploads_real:
+            return None
+        return self._withheld(real.name)
+
     def resolve(self, virtual_path: str) -> Path:
         """Map a virtual path to the host; raises the path errors of SPEC 1.9."""
         return self._thread.resolve_virtual_path(virtual_path)
@@ -434,6 +449,8 @@ class UserDataFiles:
             return None
         if not real.is_relative_to(self._base) or not real.is_file() or self._foreign(real):
             return None
+        if self._held(real) is not None:
+            return None  # not listed, searched or read until it is scanned clean
         return real
 
     def _directory(self, virtual_path: str) -> Path:
@@ -521,6 +538,8 @@ class UserDataFiles:
                 raise FileAccessError(f"File not found: {shown_path}")
             if real.is_file() and self._foreign(real):
                 raise FileAccessError(f"File not found: {shown_path}")
+            if real.is_file() and (reason := self._held(real)) is not None:
+                raise FileAccessError(f"{shown_path} cannot be read yet: {reason}.")
             if real.is_dir():
                 raise FileAccessError(f"{shown_path} is a directory; use `glob` to list its files.")
             if not real.is_file():
@@ -895,6 +914,8 @@ class UserDataFiles:
         if real.is_file():
             if is_staging_name(real.name) or self._foreign(real):
                 raise FileAccessError(f"File not found: {neutralize(virtual_path)}")
+            if (reason := self._held(real)) is not None:
+                raise FileAccessError(f"{neutralize(virtual_path)} cannot be read yet: {reason}.")
             if is_archive_name(real.name):
                 yield from self.walk_archive(self._archive_at(real), "", "", refused)
                 return

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from collections.abc import Collection
 from collections.abc import Iterable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from pathlib import PurePosixPath
@@ -173,6 +174,7 @@ def list_uploaded_files_result(
     max_results: int = DEFAULT_MAX_RESULTS,
     query: str | None = None,
     extensions: Iterable[Any] | str | None = None,
+    withheld: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """What `list_uploaded_files` returns for a thread whose folder and records are known.
 
@@ -188,6 +190,8 @@ def list_uploaded_files_result(
         max_results: As `historical_uploads`.
         query: As `historical_uploads`.
         extensions: As `historical_uploads`.
+        withheld: Files held back by virus scanning (name -> why), left out of the list
+            and named under `withheld`, so the model can say why it cannot use them.
 
     Returns:
         The tool's result dict.
@@ -199,7 +203,7 @@ def list_uploaded_files_result(
     except OSError:
         logger.warning("cannot read the uploads in %s", uploads_dir, exc_info=True)
         return {"files": [], "message": READ_FAILED}
-    return historical_uploads(
+    result = historical_uploads(
         records,
         uploads_dir,
         current_names=current_names,
@@ -208,3 +212,8 @@ def list_uploaded_files_result(
         query=query,
         extensions=extensions,
     )
+    if withheld:
+        result["withheld"] = [
+            {"filename": neutralize(name), "reason": reason} for name, reason in withheld.items()
+        ]
+    return result

@@ -32,6 +32,8 @@ from deerflow_web.services.prompt.context_block import DEFAULT_MAX_FILES
 from deerflow_web.services.prompt.context_block import INCREMENTAL_HEADER
 from deerflow_web.services.prompt.context_block import build_upload_context
 from deerflow_web.services.prompt.context_block import context_files_for
+from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags
+from deerflow_web.services.scanning.policy import WAITING
 from deerflow_web.storage.paths import is_staging_name
 
 
@@ -157,6 +159,7 @@ def current_turn(
     uploads_dir: Path | None,
     *,
     max_files: int = DEFAULT_MAX_FILES,
+    withheld: Mapping[str, str] | None = None,
 ) -> UploadTurn:
     """Announce the files of this message (SPEC 4.4 steps 4-8, 11; D10).
 
@@ -167,6 +170,9 @@ def current_turn(
         uploads_dir: The thread's uploads folder, or None when the thread is unknown
             (files are then announced unchecked and without outlines).
         max_files: Files described in full before the rest are summarised.
+        withheld: With virus scanning on, the files the agent may not use yet and why
+            (`services/scanning/policy.py`); `records` then holds only the usable ones, and
+            a message file not among them is named in a note instead of announced.
 
     Returns:
         No block when no listed file is valid: this deliberately clears the previous
@@ -174,13 +180,32 @@ def current_turn(
     """
     uploads = None if records is None else [record_to_state(record) for record in records]
     files = message_files(raw_files, uploads_dir)
+    note = None
+    if withheld is not None:
+        usable = {record.filename for record in records or ()}
+        held = [entry["filename"] for entry in files if entry["filename"] not in usable]
+        files = [entry for entry in files if entry["filename"] in usable]
+        note = withheld_note({name: withheld.get(name, WAITING) for name in held})
     if not files:
-        return UploadTurn(None, [], uploads)
+        return UploadTurn(note, [], uploads)
     # A recorded companion (D8, `a_1.md` included) lends its outline to its original.
     names = {entry["filename"] for entry in files}
     companions = [r for r in records or () if r.converted_from in names and r.filename not in names]
     block = upload_block(uploads_dir, files, max_files=max_files, companions=companions)
+    if note is not None:
+        block = f"{block}\n\n{note}"
     return UploadTurn(block, files, uploads)
+
+
+def withheld_note(withheld: Mapping[str, str]) -> str | None:
+    """Tell the model which attached files it cannot use yet and why; None when none."""
+    if not withheld:
+        return None
+    lines = ["<withheld_uploads>", "These attached files cannot be used yet:"]
+    for name, reason in withheld.items():
+        lines.append(f"- {neutralize_untrusted_tags(name)}: {reason}")
+    lines.append("</withheld_uploads>")
+    return "\n".join(lines)
 
 
 def shown_pairs(raw: Any) -> set[tuple[str, str]]:

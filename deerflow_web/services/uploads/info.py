@@ -78,6 +78,8 @@ class UploadInfoFormatter:
             "converted_from": record.converted_from,
             "conversion_state": state.value if state else None,
             "conversion_error": record.conversion_error,
+            "scan_state": record.scan_state.value if record.scan_state else None,
+            "scan_signatures": record.scan_signatures,
         }
         if companion is not None:
             info["markdown_file"] = companion.filename

@@ -2,7 +2,10 @@
 
 The JSON API, the file manager's form, the chat preview's form and finished resumable
 uploads all hand their files here, so `auto_convert_documents` and `extract_archives`
-apply the same way whichever page or client sent them.
+apply the same way whichever page or client sent them. With scanning on, a multipart part
+is scanned while it streams (`UploadService.save_uploads`) and a finished resumable upload
+from its staging file before its commit (its bytes came over many requests, which one
+INSTREAM connection cannot span); what the scanner refused is logged here (`RefusalLog`).
 """
 
 from __future__ import annotations
@@ -12,20 +15,27 @@ from dataclasses import dataclass
 from dataclasses import field
 
 from deerflow_web.errors import ArchiveError
+from deerflow_web.errors import InfectedFile
 from deerflow_web.errors import NameConflict
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
+from deerflow_web.models import ScanState
 from deerflow_web.models import UploadRecord
 from deerflow_web.models import is_archive_name
 from deerflow_web.services.archives.extract import ArchiveExtractor
 from deerflow_web.services.archives.extract import Extraction
 from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.scanning.events import RefusalLog
+from deerflow_web.services.scanning.scanner import Scanner
 from deerflow_web.services.uploads.service import AlsoInCommit
 from deerflow_web.services.uploads.service import Staging
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.paths import ThreadFolders
+
+# What one refusal reports: (filename, sha256, size, signature).
+Refusal = tuple[str, str | None, int | None, str]
 
 
 @dataclass(frozen=True)
@@ -46,11 +56,15 @@ class UploadIntake:
         uploads: UploadService,
         conversions: ConversionJobs,
         extractor: ArchiveExtractor | None = None,
+        scanner: Scanner | None = None,
+        refusals: RefusalLog | None = None,
     ) -> None:
         """`extractor` extracts every stored archive; None leaves archives as they are."""
         self.uploads = uploads
         self.conversions = conversions
         self.extractor = extractor
+        self.scanner = scanner
+        self.refusals = refusals
 
     def _extract(
         self, thread: ThreadFolders, result: UploadResult
@@ -79,6 +93,8 @@ class UploadIntake:
         """Save `files` (all or nothing, see `UploadService.save_uploads`), then convert."""
         folders = self.uploads.folders(thread)
         result = self.uploads.save_uploads(folders, files, on_conflict=on_conflict)
+        infected = [(r.filename, r.sha256, r.size, r.found or "") for r in result.infected]
+        self._report(folders, infected)
         companions = self.conversions.convert_after_upload(folders, result)
         return AcceptedUploads(result, companions, self._extract(folders, result))
 
@@ -94,8 +110,22 @@ class UploadIntake:
         then: AlsoInCommit | None = None,
     ) -> AcceptedUploads:
         """Commit a file staged elsewhere (a finished resumable upload) exactly as a
-        multipart part (see `UploadService.commit_staged`), then convert."""
+        multipart part (see `UploadService.commit_staged`), then convert.
+
+        Raises:
+            InfectedFile: The scanner found something; nothing was committed (the caller
+                discards the staging file).
+            ScannerUnavailable, TooLargeToScan: Not scanned, and the policy refuses; the
+                staging file stays, for a later retry.
+        """
         folders = self.uploads.folders(thread)
+        verdict = None
+        if self.scanner is not None:
+            verdict = self.scanner.scan_file(staging.path, name)
+            if verdict.state is ScanState.INFECTED:
+                found = verdict.found or "unknown"
+                self._report(folders, [(name, sha256, staging.path.stat().st_size, found)])
+                raise InfectedFile(name, found)
         result = self.uploads.commit_staged(
             folders,
             name,
@@ -104,6 +134,16 @@ class UploadIntake:
             content_type=content_type,
             on_conflict=on_conflict,
             then=then,
+            verdict=verdict,
         )
         companions = self.conversions.convert_after_upload(folders, result)
         return AcceptedUploads(result, companions, self._extract(folders, result))
+
+    def _report(self, folders: ThreadFolders, refusals: list[Refusal]) -> None:
+        if refusals and self.refusals is not None:
+            self.refusals.refused(
+                user_id=folders.ref.owner,
+                thread_id=folders.thread_id,
+                scope=folders.scope,
+                refusals=refusals,
+            )

@@ -29,6 +29,7 @@ from typing import Protocol
 
 from deerflow_web.errors import ChecksumMismatch
 from deerflow_web.errors import FileTooLarge
+from deerflow_web.errors import InfectedFile
 from deerflow_web.errors import InsufficientStorage
 from deerflow_web.errors import InvalidTusRequest
 from deerflow_web.errors import MalformedUpload
@@ -38,6 +39,7 @@ from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import ResumableExpired
 from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import StorageFailure
+from deerflow_web.errors import TooLargeToScan
 from deerflow_web.errors import UnsafeFilename
 from deerflow_web.errors import UploadBusy
 from deerflow_web.models import OnConflict
@@ -506,7 +508,7 @@ class ResumableUploadService:
                 on_conflict=OnConflict(upload.on_conflict),
                 then=mark_committed,
             )
-        except (NameConflict, UnsafeFilename):
+        except (NameConflict, UnsafeFilename, InfectedFile, TooLargeToScan):
             staging.discard()
             self.store.remove(upload.upload_id)
             raise

@@ -43,6 +43,8 @@ from deerflow_web.models import DOCUMENT_EXTENSIONS
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.models import RecordSource
+from deerflow_web.models import ScanState
+from deerflow_web.models import ScanVerdict
 from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
@@ -91,10 +93,14 @@ class SavedFile:
 
 @dataclass(frozen=True)
 class RejectedFile:
-    """A part whose name can never be stored, as the client sent it, and why."""
+    """A part that was not stored, as the client named it, and why: a name that can never
+    be stored, or content the virus scanner refused (`found` names the signature)."""
 
     filename: str
     reason: str
+    found: str | None = None
+    sha256: str | None = None
+    size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,13 +127,35 @@ class UploadResult:
         text = f"Successfully uploaded {len(self.files)} file(s)"
         if self.skipped_files:
             text += f"; skipped {len(self.skipped_files)} unsafe file(s)"
-        if self.rejected_files:
-            text += f"; rejected {len(self.rejected_files)} file(s) with an unusable name"
+        unusable = [r for r in self.rejected_files if r.found is None]
+        if unusable:
+            text += f"; rejected {len(unusable)} file(s) with an unusable name"
+        if infected := len(self.rejected_files) - len(unusable):
+            text += f"; refused {infected} infected file(s)"
         return text
+
+    @property
+    def infected(self) -> list[RejectedFile]:
+        """The parts the virus scanner refused."""
+        return [r for r in self.rejected_files if r.found is not None]
 
 
 # Another write that must land in the commit's transaction, given what was stored.
 AlsoInCommit = Callable[[RecordsTransaction, list["SavedFile"]], None]
+
+
+class ContentScan(Protocol):
+    """One file's virus scan while it streams (`services/scanning`)."""
+
+    def feed(self, chunk: bytes | memoryview) -> None: ...
+    def finish(self) -> ScanVerdict: ...
+    def abort(self) -> None: ...
+
+
+class ContentScanner(Protocol):
+    """Opens a scan per file; None on the service when scanning is off."""
+
+    def open(self, filename: str) -> ContentScan: ...
 
 
 class Staging(Protocol):
@@ -150,6 +178,8 @@ class _Staged:
     sha256: str = ""
     content_type: str = ""
     client: str | None = None  # the multipart part's own filename, as the client wrote it
+    scan: ContentScan | None = None  # fed while the part streams
+    verdict: ScanVerdict | None = None  # the scanner's, once the part has ended
 
     @property
     def original_filename(self) -> str | None:
@@ -167,8 +197,10 @@ class _UploadBatch:
         limits: UploadLimits,
         on_conflict: OnConflict,
         make_dirs: Callable[[Path], list[Path]],
+        scanner: ContentScanner | None = None,
     ) -> None:
         self.folder = folder
+        self.scanner = scanner
         self._make_dirs = make_dirs
         self.limits = limits
         self.on_conflict = on_conflict
@@ -200,6 +232,8 @@ class _UploadBatch:
         staging = StagingFile(self.folder)
         item = _Staged(claimed, name, staging, client=incoming.filename)
         self.staged.append(item)
+        if self.scanner is not None:  # refuses here, unread, when it cannot scan
+            item.scan = self.scanner.open(name)
         self._stream(incoming, item, staging)
 
     def adopt(self, name: str, staging: Staging, sha256: str, content_type: str) -> bool:
@@ -254,6 +288,8 @@ class _UploadBatch:
                 if is_disk_full(error):
                     raise InsufficientStorage(item.name) from error
                 raise StorageFailure(f"Failed to upload {incoming.filename}: {error}") from error
+            if item.scan is not None:
+                item.scan.feed(chunk)  # scanned while it streams, not after
         item.sha256, item.content_type = staging.finish(item.name)
 
     def _ensure_folder(self) -> None:
@@ -263,9 +299,35 @@ class _UploadBatch:
         if self._created_dirs is None:
             self._created_dirs = self._make_dirs(self.folder)  # innermost first, for rollback
 
+    def screen(self) -> None:
+        """Wait for each part's scan; take the infected parts out of the commit.
+
+        Raises:
+            ScannerUnavailable, TooLargeToScan: A part could not be scanned and the
+                policy refuses it: the whole request is refused.
+        """
+        for item in self.staged:
+            if item.scan is not None:
+                item.verdict = item.scan.finish()
+        for item in [i for i in self.staged if i.verdict and i.verdict.state is ScanState.INFECTED]:
+            self.staged.remove(item)
+            item.staging.discard()
+            found = item.verdict.found if item.verdict else None
+            self.rejected.append(
+                RejectedFile(
+                    item.client or item.requested,
+                    f"The virus scanner found {found}; the file was not stored",
+                    found=found or "unknown",
+                    sha256=item.sha256,
+                    size=item.staging.size if isinstance(item.staging, StagingFile) else None,
+                )
+            )
+
     def discard(self) -> None:
         """Remove every staging file and any folder this request created."""
         for item in self.staged:
+            if item.scan is not None:
+                item.scan.abort()
             item.staging.discard()
         for folder in self._created_dirs or ():
             try:
@@ -288,8 +350,15 @@ def _record_from_disk(
             modified=modified,
             source=RecordSource.DISK,
         )
+    same_bytes = previous.sha256 == sha256  # new bytes have not been scanned
     return replace(
-        previous, size=facts.size, sha256=sha256, content_type=content_type, modified=modified
+        previous,
+        size=facts.size,
+        sha256=sha256,
+        content_type=content_type,
+        modified=modified,
+        scan_state=previous.scan_state if same_bytes else None,
+        scan_signatures=previous.scan_signatures if same_bytes else None,
     )
 
 
@@ -326,10 +395,12 @@ class UploadService:
         limits: UploadLimits,
         *,
         clock: Callable[[], float] = time.time,
+        scanner: ContentScanner | None = None,
     ) -> None:
         self.paths = paths
         self.records = records
         self.limits = limits
+        self.scanner = scanner  # None: scanning is off
         self._clock = clock
         # scope -> (folder signature, monotonic time) of the last scan that matched records
         self._verified: OrderedDict[str, tuple[tuple[int, int, int], float]] = OrderedDict()
@@ -357,13 +428,18 @@ class UploadService:
         """
         folders = self.folders(thread)
         batch = _UploadBatch(
-            folders.uploads_dir(), self.limits, OnConflict(on_conflict), folders.make_dirs
+            folders.uploads_dir(),
+            self.limits,
+            OnConflict(on_conflict),
+            folders.make_dirs,
+            self.scanner,
         )
         try:
             for incoming in files:
                 batch.add(incoming)
             if batch.count == 0:
                 raise NoFilesProvided()
+            batch.screen()  # every verdict in before anything is committed
             saved = self._commit(folders, batch)
         except BaseException:
             batch.discard()
@@ -382,6 +458,7 @@ class UploadService:
         content_type: str,
         on_conflict: OnConflict = OnConflict.REPLACE,
         then: AlsoInCommit | None = None,
+        verdict: ScanVerdict | None = None,
     ) -> UploadResult:
         """Commit one file staged elsewhere (a finished resumable upload) exactly as a
         multipart part is committed: the same naming, conflict, record and duplicate rules.
@@ -401,6 +478,7 @@ class UploadService:
         )
         if not batch.adopt(name, staging, sha256, content_type):
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
+        batch.staged[-1].verdict = verdict
         try:
             saved = self._commit(folders, batch, then)
         finally:
@@ -479,6 +557,8 @@ class UploadService:
             uploaded_at=self._clock(),
             modified=info.st_mtime_ns / 1e9,
             original_filename=item.original_filename,
+            scan_state=item.verdict.state if item.verdict else None,
+            scan_signatures=item.verdict.signatures if item.verdict else None,
         )
         return StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
 
@@ -616,6 +696,27 @@ class UploadService:
                 raise StorageFailure(f"Failed to delete {filename}: {error}") from error
             txn.delete(filename)
             return [filename, *self._drop_companions(txn, folder, filename)]
+
+    def quarantine_upload(
+        self, thread: Thread, filename: str, sha256: str, destination: Path
+    ) -> bool:
+        """Move an upload (and the companions made from it) out of the thread, to
+        `destination`, if its record still describes the bytes that were scanned
+        (`sha256`); False when it changed or went meanwhile. `destination` must be on the
+        data dir's file system (a rename)."""
+        folders = self.folders(thread)
+        folder = folders.uploads_dir()
+        with self.records.locked(folders.scope) as txn:
+            stored = txn.get(filename)
+            if stored is None or stored.record.sha256 != sha256:
+                return False
+            try:
+                os.replace(folder / filename, destination)
+            except FileNotFoundError:
+                return False
+            txn.delete(filename)
+            self._drop_companions(txn, folder, filename)
+        return True
 
     def _drop_companions(
         self,
@@ -812,7 +913,10 @@ def _check_single_segment(filename: str) -> None:
 
 
 def make_upload_service(
-    base_dir: Path, limits: UploadLimits | None = None, engine: Engine | None = None
+    base_dir: Path,
+    limits: UploadLimits | None = None,
+    engine: Engine | None = None,
+    scanner: ContentScanner | None = None,
 ) -> UploadService:
     """Build the service over a data dir: the one place storage objects are assembled.
 
@@ -821,4 +925,4 @@ def make_upload_service(
     """
     paths = ThreadPaths(base_dir)
     records = DatabaseUploadRecords(engine or open_database(paths.base_dir))
-    return UploadService(paths, records, limits or UploadLimits())
+    return UploadService(paths, records, limits or UploadLimits(), scanner=scanner)

@@ -25,6 +25,7 @@ from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import SelfDisable
 from deerflow_web.errors import SelfReset
 from deerflow_web.services.accounts.service import AccountService
+from deerflow_web.services.scanning.events import refusals_and_quarantine
 from deerflow_web.web.accounts.forms import ChangePasswordForm
 from deerflow_web.web.accounts.forms import IdForm
 from deerflow_web.web.accounts.forms import LoginForm
@@ -243,6 +244,15 @@ def admin() -> ResponseReturnValue:
     _admin()
     shown = take_once(TEMPORARY_PASSWORD)
     return _admin_page(temporary=shown[-1] if shown else None)
+
+
+@bp.get("/admin/refused-uploads")
+def refused_uploads() -> ResponseReturnValue:
+    """What the virus scanner kept out: refused uploads and quarantined files, newest first."""
+    _admin()
+    events = refusals_and_quarantine(get_services().scan_events)
+    scanning = get_services().scanner is not None
+    return render_template("pages/refused_uploads.html", events=events, scanning=scanning)
 
 
 @bp.post("/admin/users")

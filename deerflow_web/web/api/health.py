@@ -2,7 +2,8 @@
 
 Both are public and answer JSON whatever the client asks for: a probe has no session and
 no language. `/healthz` only says the process serves requests; `/readyz` also checks the
-records database and the data dir, and answers 503 naming what failed.
+records database and the data dir, and answers 503 naming what failed; it also reports the
+virus scanner (`off`, `ok`, `failed`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
+from deerflow_web.services.health import FAILED
 from deerflow_web.services.health import check_readiness
+from deerflow_web.services.health import scanner_state
+from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("health", __name__)
@@ -34,6 +38,15 @@ def readyz() -> ResponseReturnValue:
         "database": readiness.database,
         "storage": readiness.storage,
     }
-    if not readiness.ready:
-        body["detail"] = "; ".join(readiness.problems)
+    problems = list(readiness.problems)
+    # The scanner is reported, and does not take the instance out of rotation: every
+    # instance shares it, and listing and downloading work without it (uploads are
+    # refused one by one with 503 while it is down, unless accepted unscanned).
+    body["scanner"] = scanner_state(get_services().scanner)
+    if body["scanner"] == FAILED:
+        problems.append("scanner: clamd does not answer; uploads are refused (fail-closed)")
+        if readiness.ready:
+            body["status"] = "degraded"
+    if problems:
+        body["detail"] = "; ".join(problems)
     return body, 200 if readiness.ready else 503, NO_STORE

@@ -25,6 +25,7 @@ from deerflow_web.services.files.artifact_edit import parse_edit
 from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.services.uploads.intake import AcceptedUploads
+from deerflow_web.services.uploads.service import RejectedFile
 from deerflow_web.settings import parse_flag
 from deerflow_web.web.api import threads as threads_api
 from deerflow_web.web.api import tus
@@ -100,17 +101,32 @@ def upload_files() -> ResponseReturnValue:
         )
         for saved in result.files
     ]
-    return {
+    body = {
         "success": result.success,
         "files": files,
         "message": result.message,
         "skipped_files": result.skipped_files,
-        "rejected_files": [
-            {"filename": rejected.filename, "reason": rejected.reason}
-            for rejected in result.rejected_files
-        ],
+        "rejected_files": [_rejection(rejected) for rejected in result.rejected_files],
         **({"extracted": extracted_entries(accepted)} if accepted.extractions else {}),
     }
+    if result.infected and not result.files:
+        # Nothing stored and the scanner is why: 422 (the content was understood and
+        # refused for what it holds), with DeerFlow's body and a `detail` for its clients.
+        # When clean parts of the request were stored, 200 with `success: false`, as for
+        # a part refused for its name.
+        body["detail"] = "; ".join(
+            f"{r.filename}: the virus scanner found {r.found}" for r in result.infected
+        )
+        return body, 422
+    return body
+
+
+def _rejection(rejected: RejectedFile) -> dict[str, str]:
+    """A refused part; `found` (the signature) only when the virus scanner refused it."""
+    entry = {"filename": rejected.filename, "reason": rejected.reason}
+    if rejected.found is not None:
+        entry["found"] = rejected.found
+    return entry
 
 
 def extracted_entries(accepted: AcceptedUploads) -> list[dict[str, Any]]:
@@ -257,5 +273,7 @@ def edit_artifact_content(virtual_path: str) -> ResponseReturnValue:
     except BadRequest:
         body = None  # malformed JSON: the same 400 as a body of the wrong shape
     content, expected_sha256 = parse_edit(body)
+    if (scanner := get_services().scanner) is not None:  # refuses what it finds, or 503
+        scanner.require_clean(content.encode("utf-8"), virtual_path.rsplit("/", 1)[-1])
     edited = edit_artifact(current_thread(), virtual_path, content, expected_sha256)
     return edited.as_dict()

@@ -40,6 +40,7 @@ from deerflow_web.services.files.markdown_render import MAX_RENDER_BYTES
 from deerflow_web.services.files.preview import PREVIEW_BYTES
 from deerflow_web.services.files.preview import build_preview
 from deerflow_web.services.prompt.outline import upload_outline
+from deerflow_web.services.scanning.events import quarantined_in
 from deerflow_web.services.threads.catalog import clean_title
 from deerflow_web.services.threads.overview import list_threads
 from deerflow_web.services.uploads.bulk_delete import delete_uploads
@@ -194,6 +195,7 @@ def thread_files() -> str:
         upload_form=UploadForm(),
         delete_form=DeleteForm(),
         rename_form=RenameForm(),
+        quarantined=quarantined_in(get_services().scan_events, thread.scope),
     )
 
 

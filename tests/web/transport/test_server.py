@@ -111,7 +111,12 @@ def test_health_endpoints_under_gunicorn(base_dir: Path, tmp_path: Path) -> None
         assert json_body(request(port, "GET", "/healthz")) == {"status": "ok"}
         ready = request(port, "GET", "/readyz")
         assert ready.startswith(b"HTTP/1.1 200")
-        assert json_body(ready) == {"status": "ok", "database": "ok", "storage": "ok"}
+        assert json_body(ready) == {
+            "status": "ok",
+            "database": "ok",
+            "storage": "ok",
+            "scanner": "off",
+        }
 
 
 def test_a_stalled_upload_is_cut_and_its_staging_file_removed(
