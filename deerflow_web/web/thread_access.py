@@ -9,35 +9,25 @@ An app-wide hook, so a route added later, in any blueprint, is covered without d
 anything: a route acts on an existing thread and answers 404 `Thread {id} not found`
 when the caller has none of that id, before the view runs, so a failed request creates
 nothing. The few views that also serve a thread not made yet are marked where they are
-defined (`thread_may_be_new`): those that create one on success (uploads, a resumable
+defined (`thread_may_be_new`, web/marks.py): those that create one on success (uploads, a resumable
 upload's creation, a first chat preview turn) and those that show an empty thread (the
 uploads list, the limits, the file manager's and the chat preview's pages, the tools
 panel, which only reads).
+
+It runs after the sign-in gate (it needs the user) and after the API's origin check, so a
+cross-site request is refused before anything about its thread is looked up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
-from flask import current_app
 from flask import request
 
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.storage.paths import validate_thread_id
-from deerflow_web.web.security import refuse_cross_site
+from deerflow_web.web.marks import THREAD_MAY_BE_NEW
+from deerflow_web.web.marks import request_has
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
-
-View = TypeVar("View", bound=Callable[..., object])
-
-_MARK = "thread_may_be_new"
-
-
-def thread_may_be_new(view: View) -> View:
-    """Mark a view that serves a thread the caller does not have yet (see the module)."""
-    setattr(view, _MARK, True)
-    return view
 
 
 def check_thread_access() -> None:
@@ -45,17 +35,11 @@ def check_thread_access() -> None:
     args = request.view_args or {}
     if "thread_id" not in args or request.endpoint is None:
         return
-    if request.path.startswith("/api/"):
-        # The API's origin check comes first, as it would in the API's own hook: a
-        # cross-site request is refused before anything about its thread is looked up.
-        settings = get_services().settings
-        refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
     thread_id = validate_thread_id(args["thread_id"])
     if request.method == "OPTIONS" and request.url_rule is not None:
         if request.url_rule.provide_automatic_options:
             return  # Flask answers it without running a view
-    view = current_app.view_functions.get(request.endpoint)
-    if getattr(view, _MARK, False):
+    if request_has(THREAD_MAY_BE_NEW):
         return
     if not get_services().threads.exists(current_user_id(), thread_id):
         raise ThreadNotFound(thread_id)

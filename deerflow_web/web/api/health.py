@@ -11,6 +11,7 @@ from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
 from deerflow_web.services.health import check_readiness
+from deerflow_web.web.marks import probe
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("health", __name__)
@@ -19,12 +20,14 @@ NO_STORE = {"Cache-Control": "no-store"}
 
 
 @bp.get("/healthz")
+@probe
 def healthz() -> ResponseReturnValue:
     """The process is up and answering."""
     return {"status": "ok"}, 200, NO_STORE
 
 
 @bp.get("/readyz")
+@probe
 def readyz() -> ResponseReturnValue:
     """Ready when the records database answers and the data dir takes a file."""
     service = get_upload_service()

@@ -25,7 +25,7 @@ from deerflow_web.services.uploads.resumable import CHECKSUM_ALGORITHMS
 from deerflow_web.services.uploads.resumable import Checksum
 from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.storage.paths import validate_thread_id
-from deerflow_web.web.thread_access import thread_may_be_new
+from deerflow_web.web.marks import thread_may_be_new
 from deerflow_web.web.transport.request_body import WsgiBody
 from deerflow_web.web.transport.request_body import request_body
 from deerflow_web.web.wiring import current_user_id

@@ -27,9 +27,8 @@ from deerflow_web.settings import parse_flag
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.api import threads as threads_api
 from deerflow_web.web.api import tus
+from deerflow_web.web.marks import thread_may_be_new
 from deerflow_web.web.security import artifact_csp
-from deerflow_web.web.security import refuse_cross_site
-from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.uploads import receive_uploads
 from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
@@ -39,8 +38,8 @@ bp = Blueprint("api", __name__, url_prefix="/api")
 # The JSON of an edit: 2 MiB of text, escaped (`\u0001` is six bytes for one), and its frame.
 EDIT_BODY_LIMIT = 6 * MAX_EDITABLE_BYTES + 64 * 1024
 # The resumable (tus) routes and the thread records live under /api as nested blueprints,
-# so every check of this blueprint (the origin check below, and whatever guards the API)
-# covers them too.
+# so whatever guards this blueprint covers them too. (The origin check is app-wide, for
+# every route under /api/: web/security.py.)
 bp.register_blueprint(tus.bp)
 bp.register_blueprint(threads_api.bp)
 
@@ -57,13 +56,6 @@ class VirtualPathConverter(PathConverter):
 
 
 bp.record_once(lambda state: state.app.url_map.converters.setdefault("vpath", VirtualPathConverter))
-
-
-@bp.before_request
-def check_origin() -> None:
-    """Refuse state-changing browser requests from other sites (see web/security.py)."""
-    settings = get_services().settings
-    refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
 
 
 def _query_bool(name: str) -> bool:

@@ -54,8 +54,9 @@ from deerflow_web.web.files.forms import ThreadTitleForm
 from deerflow_web.web.files.forms import UploadForm
 from deerflow_web.web.i18n import LANG_COOKIE
 from deerflow_web.web.i18n import LANGUAGES
+from deerflow_web.web.marks import public
+from deerflow_web.web.marks import thread_may_be_new
 from deerflow_web.web.messages import describe_error
-from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.uploads import flash_form_errors
 from deerflow_web.web.transport.uploads import save_form_files
 from deerflow_web.web.wiring import current_user_id
@@ -402,6 +403,7 @@ def _safe_next(target: str | None) -> str:
 
 
 @bp.get("/language/<code>")
+@public
 def set_language(code: str) -> ResponseReturnValue:
     """Remember the chosen language in a cookie and go back to the page it was chosen on."""
     if code not in LANGUAGES:
