@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 from flask import Response
 from flask import request
@@ -175,6 +176,23 @@ def refuse_cross_site(allowed_hosts: Iterable[str], allowed_origins: Iterable[st
     port = str(request.environ.get("SERVER_PORT") or "")
     if origin not in own_origins(allowed_hosts, request.scheme, port):
         raise CrossSiteRequest()
+
+
+def safe_next(target: str | None, default: str) -> str:
+    """A path on this site to go back to (`next=`), else `default`: never an open redirect.
+
+    Another scheme or host, `//x` and `/\\x` (browsers read both as another host) and
+    any control character (browsers drop tabs and line breaks, so `/\\t/x` is `//x`) all
+    go to `default`.
+    """
+    if not target:
+        return default
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return default
+    if "\\" in target or any(ord(char) < 32 for char in target):
+        return default
+    return target
 
 
 def check_api_origin() -> None:

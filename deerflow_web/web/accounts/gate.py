@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from flask import Flask
 from flask import Response
@@ -133,18 +132,6 @@ def csrf_value(session_secret: str) -> str:
     """The double-submit token of one session: derived, so a planted cookie never matches."""
     key = str(current_app.config["SECRET_KEY"]).encode()
     return hmac.new(key, b"csrf:" + session_secret.encode(), hashlib.sha256).hexdigest()
-
-
-def safe_next(target: str | None, default: str) -> str:
-    """A local path to return to after signing in; other hosts and `//x` go to `default`."""
-    if not target:
-        return default
-    parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
-        return default
-    if "\\" in target or any(ord(char) < 32 for char in target):
-        return default
-    return target
 
 
 def _accounts():  # noqa: ANN202 - the service type lives in wiring

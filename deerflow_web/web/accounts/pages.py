@@ -34,12 +34,12 @@ from deerflow_web.web.accounts.forms import TokenForm
 from deerflow_web.web.accounts.gate import SignedInUser
 from deerflow_web.web.accounts.gate import end_session
 from deerflow_web.web.accounts.gate import keep_once
-from deerflow_web.web.accounts.gate import safe_next
 from deerflow_web.web.accounts.gate import signed_in
 from deerflow_web.web.accounts.gate import start_session
 from deerflow_web.web.accounts.gate import take_once
 from deerflow_web.web.marks import before_password_change
 from deerflow_web.web.marks import public
+from deerflow_web.web.security import safe_next
 from deerflow_web.web.wiring import get_services
 
 bp = Blueprint("account_pages", __name__)

@@ -71,6 +71,10 @@ def test_sign_in_returns_to_the_page_that_asked(app: Flask) -> None:
         "http:/evil.example",
         "javascript:alert(1)",
         "threads/t1",
+        "/\t/evil.example",  # browsers drop tabs and line breaks: `//evil.example`
+        "/\n/evil.example",
+        "/\r/evil.example",
+        "/threads/t1\x00",
     ),
 )
 def test_next_never_leaves_the_site(app: Flask, target: str) -> None:

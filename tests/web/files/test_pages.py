@@ -620,7 +620,19 @@ def test_language_from_accept_language_query_and_cookie(client: FlaskClient) -> 
     assert "Upload files" in text(client.get("/threads/t1", headers=zh))
 
 
-@pytest.mark.parametrize("target", ("https://evil.example/", "//evil.example/", "/\\evil", "x"))
+@pytest.mark.parametrize(
+    "target",
+    (
+        "https://evil.example/",
+        "//evil.example/",
+        "/\\evil",
+        "x",
+        "/\t/evil.example",  # browsers drop tabs and line breaks: `//evil.example`
+        "/\n/evil.example",
+        "/\r/evil.example",
+        "/threads/t1\x00",
+    ),
+)
 def test_language_switch_never_redirects_off_site(client: FlaskClient, target: str) -> None:
     response = client.get("/language/zh", query_string={"next": target})
     assert response.headers["Location"] == "/"
