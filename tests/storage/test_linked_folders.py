@@ -27,11 +27,11 @@ from deerflow_web.agent.tools import make_file_tools
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import IncomingFile
 from deerflow_web.storage.paths import ThreadPaths
-from tests.agent.test_loop import AgentContext
-from tests.agent.test_loop import RecordingToolModel
 from tests.helpers import USER_ID
 from tests.helpers import UploadActions
 from tests.helpers import uploads_dir
+from tests.support.agent_helpers import AgentContext
+from tests.support.agent_helpers import RecordingToolModel
 from tests.support.agent_helpers import make_runtime
 
 T = "T"

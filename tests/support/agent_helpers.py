@@ -1,4 +1,5 @@
-"""Shared helpers for the agent-side tests (no Flask): runtimes, thread folders, messages."""
+"""Shared helpers for the agent-side tests (no Flask): runtimes, thread folders, messages,
+and a fake model for real `create_agent` loops."""
 
 from __future__ import annotations
 
@@ -7,7 +8,37 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
+from pydantic import Field
+from typing_extensions import TypedDict
+
+
+class AgentContext(TypedDict, total=False):
+    """What the server puts in the runtime context; the model never sets it."""
+
+    thread_id: str
+    user_id: str
+    run_id: str
+
+
+class RecordingToolModel(GenericFakeChatModel):
+    """Replays scripted replies and records what it was shown; tools are bound as-is."""
+
+    received: list[list[BaseMessage]] = Field(default_factory=list)
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> RecordingToolModel:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
+        self.received.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+
+def tool_call(name: str, call_id: str, **args: Any) -> dict[str, Any]:
+    """A tool call as a model's AIMessage carries it."""
+    return {"name": name, "args": args, "id": call_id, "type": "tool_call"}
 
 
 def make_runtime(

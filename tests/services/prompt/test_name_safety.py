@@ -31,11 +31,11 @@ from deerflow_web.errors import UnsafeFilename
 from deerflow_web.services.prompt.untrusted import escape_controls
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags
 from deerflow_web.storage.filenames import normalize_filename
-from tests.agent.test_loop import AgentContext
-from tests.agent.test_loop import RecordingToolModel
 from tests.helpers import USER_ID
 from tests.helpers import UploadActions
 from tests.helpers import uploads_dir
+from tests.support.agent_helpers import AgentContext
+from tests.support.agent_helpers import RecordingToolModel
 
 # One representative of every refused class, with the words its reason must hold.
 REFUSED = [
