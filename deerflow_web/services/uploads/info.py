@@ -1,7 +1,8 @@
 """The `UploadedFileInfo` shape of DeerFlow's gateway (SPEC 2.1.6, D4, D5), built from records.
 
-One formatter shapes the upload, list, rename and convert responses, so they can never
-drift apart; the few fields that differ between an upload and a listing follow SPEC's table.
+One formatter shapes the upload (`upload_response`), list, rename and convert responses,
+so they can never drift apart; the few fields that differ between an upload and a listing
+follow SPEC's table.
 Everything that depends only on the folder is worked out once per response, because a
 listing of a thousand files must stay fast.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from deerflow_web.models import VIRTUAL_UPLOADS_DIR
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import artifact_url
 from deerflow_web.services.files.record_cache import RecordCache
+from deerflow_web.services.uploads.service import UploadResult
 
 CACHED_LISTINGS = 32  # folders whose formatted listing each process keeps
 _URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote(name, safe="") leaves unchanged
@@ -85,6 +88,30 @@ class UploadInfoFormatter:
             info["markdown_virtual_path"] = companion.virtual_path
             info["markdown_artifact_url"] = self._url(companion.filename)
         return info
+
+    def upload_response(
+        self, result: UploadResult, companions: Mapping[str, UploadRecord]
+    ) -> dict[str, Any]:
+        """DeerFlow's UploadResponse for one request: its files (with the companions made
+        within the conversion wait), what was skipped and what was rejected."""
+        return {
+            "success": result.success,
+            "files": [
+                self(
+                    saved.record,
+                    companion=companions.get(saved.record.filename),
+                    in_upload_response=True,
+                    duplicate_of=saved.duplicate_of,
+                )
+                for saved in result.files
+            ],
+            "message": result.message,
+            "skipped_files": result.skipped_files,
+            "rejected_files": [
+                {"filename": rejected.filename, "reason": rejected.reason}
+                for rejected in result.rejected_files
+            ],
+        }
 
     def listing(self, records: Sequence[UploadRecord]) -> list[dict[str, Any]]:
         """A whole folder, each original pointing at the companion converted from it.

@@ -82,27 +82,7 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
     """Store the request's files in the thread's uploads folder, streaming each part."""
     validate_thread_id(thread_id)
     accepted = receive_uploads(thread_id)
-    result, companions = accepted.result, accepted.companions
-    shape = _formatter(thread_id)
-    files = [
-        shape(
-            saved.record,
-            companion=companions.get(saved.record.filename),
-            in_upload_response=True,
-            duplicate_of=saved.duplicate_of,
-        )
-        for saved in result.files
-    ]
-    return {
-        "success": result.success,
-        "files": files,
-        "message": result.message,
-        "skipped_files": result.skipped_files,
-        "rejected_files": [
-            {"filename": rejected.filename, "reason": rejected.reason}
-            for rejected in result.rejected_files
-        ],
-    }
+    return _formatter(thread_id).upload_response(accepted.result, accepted.companions)
 
 
 @bp.get("/threads/<thread_id>/uploads/limits")
