@@ -78,6 +78,11 @@ def service(base_dir: Path, clock: Clock) -> ResumableUploadService:
     return ResumableUploadService(intake, store, expiry_seconds=3600, clock=clock)
 
 
+def start(service: ResumableUploadService, length: int, filename: str) -> str:
+    """A new upload's id."""
+    return service.create("T", length, meta(filename=filename)).upload.upload_id
+
+
 def send(service: ResumableUploadService, upload_id: str, offset: int, data: bytes, **kw):
     return service.append(
         "T", upload_id, offset=offset, body=io.BytesIO(data), content_length=len(data), **kw
@@ -204,14 +209,14 @@ def test_a_bad_thread_id_is_refused(service: ResumableUploadService) -> None:
 
 
 def test_a_chunk_at_the_wrong_offset_is_refused(service: ResumableUploadService) -> None:
-    upload_id = service.create("T", 10, meta(filename="a.bin")).upload.upload_id
+    upload_id = start(service, 10, "a.bin")
     with pytest.raises(OffsetMismatch):
         send(service, upload_id, 3, b"abc")
     assert service.status("T", upload_id).offset == 0
 
 
 def test_a_chunk_past_the_declared_length_is_refused(service: ResumableUploadService) -> None:
-    upload_id = service.create("T", 4, meta(filename="a.bin")).upload.upload_id
+    upload_id = start(service, 4, "a.bin")
     with pytest.raises(PastUploadLength):
         send(service, upload_id, 0, b"too long")
     with pytest.raises(PastUploadLength):  # a chunked body that does not say its length
@@ -220,7 +225,7 @@ def test_a_chunk_past_the_declared_length_is_refused(service: ResumableUploadSer
 
 
 def test_a_checksummed_chunk_is_kept_only_when_it_matches(service: ResumableUploadService) -> None:
-    upload_id = service.create("T", 6, meta(filename="a.bin")).upload.upload_id
+    upload_id = start(service, 6, "a.bin")
     wrong = Checksum("sha1", hashlib.sha1(b"other").digest())
     with pytest.raises(ChecksumMismatch):
         send(service, upload_id, 0, b"abc", checksum=wrong)
@@ -230,7 +235,7 @@ def test_a_checksummed_chunk_is_kept_only_when_it_matches(service: ResumableUplo
 
 
 def test_a_cut_off_chunk_keeps_what_arrived(service: ResumableUploadService) -> None:
-    upload_id = service.create("T", 10, meta(filename="a.bin")).upload.upload_id
+    upload_id = start(service, 10, "a.bin")
     with pytest.raises(MalformedUpload):
         service.append("T", upload_id, offset=0, body=CutOff(b"abcd"), content_length=10)
     assert service.status("T", upload_id).offset == 4
@@ -240,7 +245,7 @@ def test_a_cut_off_chunk_keeps_what_arrived(service: ResumableUploadService) -> 
 def test_a_retry_of_the_last_chunk_after_the_commit_is_answered(
     service: ResumableUploadService,
 ) -> None:
-    upload_id = service.create("T", 3, meta(filename="a.bin")).upload.upload_id
+    upload_id = start(service, 3, "a.bin")
     send(service, upload_id, 0, b"abc")
     again = service.append("T", upload_id, offset=3, body=io.BytesIO(b""), content_length=0)
     assert again.upload.offset == 3
@@ -249,7 +254,7 @@ def test_a_retry_of_the_last_chunk_after_the_commit_is_answered(
 
 
 def test_uploads_are_per_thread_and_per_user(service: ResumableUploadService) -> None:
-    upload_id = service.create("T", 3, meta(filename="a.bin")).upload.upload_id
+    upload_id = start(service, 3, "a.bin")
     with pytest.raises(ResumableNotFound):
         service.status("other-thread", upload_id)
     with pytest.raises(ResumableNotFound):
@@ -261,30 +266,23 @@ def test_uploads_are_per_thread_and_per_user(service: ResumableUploadService) ->
 # ---- ending -------------------------------------------------------------------------------
 
 
-def test_terminate_drops_the_bytes_and_the_upload(
-    service: ResumableUploadService, base_dir: Path
+@pytest.mark.parametrize("length", (10, 3))
+def test_terminate_drops_the_upload_and_only_unfinished_bytes(
+    service: ResumableUploadService, base_dir: Path, length: int
 ) -> None:
-    upload_id = service.create("T", 10, meta(filename="a.bin")).upload.upload_id
+    upload_id = start(service, length, "a.bin")
     send(service, upload_id, 0, b"abc")
     service.terminate("T", upload_id)
     with pytest.raises(ResumableNotFound):
         service.status("T", upload_id)
-    assert list(folder(base_dir).iterdir()) == []
-
-
-def test_terminating_a_committed_upload_keeps_its_file(
-    service: ResumableUploadService, base_dir: Path
-) -> None:
-    upload_id = service.create("T", 3, meta(filename="kept.txt")).upload.upload_id
-    send(service, upload_id, 0, b"abc")
-    service.terminate("T", upload_id)
-    assert (folder(base_dir) / "kept.txt").read_bytes() == b"abc"
+    left = {path.name: path.read_bytes() for path in folder(base_dir).iterdir()}
+    assert left == ({} if length > 3 else {"a.bin": b"abc"})  # a committed file stays
 
 
 def test_expired_uploads_are_swept(
     service: ResumableUploadService, base_dir: Path, clock: Clock
 ) -> None:
-    upload_id = service.create("T", 10, meta(filename="a.bin")).upload.upload_id
+    upload_id = start(service, 10, "a.bin")
     send(service, upload_id, 0, b"abc")
     assert service.sweep_expired() == 0
     clock.now += 3601
