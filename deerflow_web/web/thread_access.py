@@ -14,32 +14,62 @@ upload's creation, a first chat preview turn) and those that show an empty threa
 uploads list, the limits, the file manager's and the chat preview's pages, the tools
 panel, which only reads).
 
-It runs after the sign-in gate (it needs the user) and after the API's origin check, so a
-cross-site request is refused before anything about its thread is looked up.
+The id is settled once per request: a URL value preprocessor takes it out of the view's
+arguments, and the hook, which runs after the host check, the sign-in gate and the API's
+origin check (so their answers come first, and a cross-site request is refused before
+anything about its thread is looked up), validates it, checks ownership and puts the thread's
+handle on `g` (`current_thread()`): its reference, its folders walked once and the
+records listed once, for every service the view calls. Views take no `thread_id`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from flask import Flask
+from flask import g
 from flask import request
 
 from deerflow_web.errors import ThreadNotFound
-from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.models import ThreadRef
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.web.marks import THREAD_MAY_BE_NEW
 from deerflow_web.web.marks import request_has
-from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import current_owner
 from deerflow_web.web.wiring import get_services
+
+_RAW_ID = "thread_id_in_url"
+
+
+def take_thread_id(endpoint: str | None, values: dict[str, Any] | None) -> None:
+    """Take the URL's `thread_id` out of the view arguments, for `check_thread_access`."""
+    if values and "thread_id" in values:
+        setattr(g, _RAW_ID, values.pop("thread_id"))
 
 
 def check_thread_access() -> None:
     """422 for a malformed id; 404 for a thread the caller does not have (see the module)."""
-    args = request.view_args or {}
-    if "thread_id" not in args or request.endpoint is None:
+    if not hasattr(g, _RAW_ID) or request.endpoint is None:
         return
-    thread_id = validate_thread_id(args["thread_id"])
+    raw = getattr(g, _RAW_ID)
     if request.method == "OPTIONS" and request.url_rule is not None:
         if request.url_rule.provide_automatic_options:
+            ThreadRef.single_user(raw)  # a malformed id is still 422
             return  # Flask answers it without running a view
-    if request_has(THREAD_MAY_BE_NEW):
-        return
-    if not get_services().threads.exists(current_user_id(), thread_id):
-        raise ThreadNotFound(thread_id)
+    ref = ThreadRef(raw, current_owner())
+    if not request_has(THREAD_MAY_BE_NEW) and not get_services().threads.exists(ref):
+        raise ThreadNotFound(ref.thread_id)
+    g.thread = get_services().uploads.folders(ref)
+
+
+def current_thread() -> ThreadFolders:
+    """The handle of the thread the request's URL names (set by `check_thread_access`)."""
+    thread: ThreadFolders = g.thread
+    return thread
+
+
+def init_app(app: Flask) -> None:
+    """Install the preprocessor and the hook; the hook after the sign-in gate's and the
+    API's origin check."""
+    app.url_value_preprocessor(take_thread_id)
+    app.before_request(check_thread_access)

@@ -18,6 +18,7 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import RecordSource
+from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.prompt.document_text import DocumentNotReadable
@@ -31,6 +32,7 @@ from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 
 PDF = b"%PDF-1.4\n% a small document\n"
+REF = ThreadRef.single_user("T")  # the flat layout: no accounts at the service level
 
 
 class Converter:
@@ -57,11 +59,11 @@ def service(base_dir: Path) -> UploadService:
 
 def texts(service: UploadService, converter: Converter, wait: float = 5.0) -> DocumentTexts:
     jobs = ConversionJobs(service, ConversionSettings(wait_seconds=5), converter=converter)
-    return DocumentTexts(jobs, "T", wait_seconds=wait)
+    return DocumentTexts(jobs, service.folders(REF), wait_seconds=wait)
 
 
 def save(service: UploadService, name: str, data: bytes) -> None:
-    service.save_uploads("T", [IncomingFile(name, io.BytesIO(data))])
+    service.save_uploads(REF, [IncomingFile(name, io.BytesIO(data))])
 
 
 def record(name: str, sha: str = "s1", **fields: object) -> UploadRecord:

@@ -14,6 +14,7 @@ import pytest
 from deerflow_web.errors import NameConflict
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.intake import UploadIntake
 from deerflow_web.services.uploads.service import UploadService
@@ -23,6 +24,7 @@ from deerflow_web.storage.local import StagingFile
 from tests.helpers import uploads_dir
 
 PDF = b"%PDF-1.4\n% a document\n"
+REF = ThreadRef.single_user("T")  # the flat layout: no accounts at the service level
 
 
 class Converter:
@@ -61,7 +63,7 @@ def test_without_auto_conversion_files_are_only_saved(
 ) -> None:
     converter = Converter()
     accepted = intake_for(uploads, converter, auto=False).accept(
-        "T", files(("a.pdf", PDF), ("b.txt", b"b")), on_conflict=OnConflict.REPLACE
+        REF, files(("a.pdf", PDF), ("b.txt", b"b")), on_conflict=OnConflict.REPLACE
     )
     assert [saved.record.filename for saved in accepted.result.files] == ["a.pdf", "b.txt"]
     assert accepted.companions == {} and converter.converted == []
@@ -73,7 +75,7 @@ def test_with_auto_conversion_documents_get_their_companions(
 ) -> None:
     converter = Converter()
     accepted = intake_for(uploads, converter, auto=True).accept(
-        "T", files(("a.pdf", PDF), ("b.txt", b"plain")), on_conflict=OnConflict.REPLACE
+        REF, files(("a.pdf", PDF), ("b.txt", b"plain")), on_conflict=OnConflict.REPLACE
     )
     assert converter.converted == ["a.pdf"]  # text is not converted
     companion = accepted.companions["a.pdf"]
@@ -85,12 +87,12 @@ def test_with_auto_conversion_documents_get_their_companions(
 def test_a_refused_batch_saves_and_converts_nothing(uploads: UploadService) -> None:
     converter = Converter()
     intake = intake_for(uploads, converter, auto=True)
-    intake.accept("T", files(("a.pdf", PDF)), on_conflict=OnConflict.REPLACE)
+    intake.accept(REF, files(("a.pdf", PDF)), on_conflict=OnConflict.REPLACE)
     converter.converted.clear()
     with pytest.raises(NameConflict):
-        intake.accept("T", files(("new.pdf", PDF), ("a.pdf", PDF)), on_conflict=OnConflict.REJECT)
+        intake.accept(REF, files(("new.pdf", PDF), ("a.pdf", PDF)), on_conflict=OnConflict.REJECT)
     assert converter.converted == []
-    assert "new.pdf" not in {r.filename for r in uploads.list_uploads("T")}
+    assert "new.pdf" not in {r.filename for r in uploads.list_uploads(REF)}
 
 
 def test_a_staged_file_is_committed_like_a_part_and_converted(
@@ -106,7 +108,7 @@ def test_a_staged_file_is_committed_like_a_part_and_converted(
 
     try:
         accepted = intake_for(uploads, converter, auto=True).accept_staged(
-            "T",
+            REF,
             "resumed.pdf",
             staging,
             sha256=sha256,
@@ -131,13 +133,13 @@ def test_a_staged_file_refused_by_reject_stays_for_the_caller(
     uploads: UploadService, base_dir: Path
 ) -> None:
     intake = intake_for(uploads, Converter(), auto=False)
-    intake.accept("T", files(("taken.txt", b"old")), on_conflict=OnConflict.REPLACE)
+    intake.accept(REF, files(("taken.txt", b"old")), on_conflict=OnConflict.REPLACE)
     folder = uploads_dir(base_dir, "T", None)
     staging, sha256, content_type = staged(folder, b"new", "taken.txt")
     try:
         with pytest.raises(NameConflict):
             intake.accept_staged(
-                "T",
+                REF,
                 "taken.txt",
                 staging,
                 sha256=sha256,
@@ -154,11 +156,11 @@ def test_a_staged_file_refused_by_reject_stays_for_the_caller(
 
 def test_rename_gives_a_staged_file_a_free_name(uploads: UploadService, base_dir: Path) -> None:
     intake = intake_for(uploads, Converter(), auto=False)
-    intake.accept("T", files(("a.txt", b"old")), on_conflict=OnConflict.REPLACE)
+    intake.accept(REF, files(("a.txt", b"old")), on_conflict=OnConflict.REPLACE)
     staging, sha256, content_type = staged(uploads_dir(base_dir, "T", None), b"new", "a.txt")
     try:
         accepted = intake.accept_staged(
-            "T",
+            REF,
             "a.txt",
             staging,
             sha256=sha256,
@@ -169,4 +171,4 @@ def test_rename_gives_a_staged_file_a_free_name(uploads: UploadService, base_dir
         staging.close()
     renamed = accepted.result.files[0].record.filename
     assert renamed != "a.txt"
-    assert sorted(r.filename for r in uploads.list_uploads("T")) == sorted(["a.txt", renamed])
+    assert sorted(r.filename for r in uploads.list_uploads(REF)) == sorted(["a.txt", renamed])

@@ -24,6 +24,7 @@ from deerflow_web.errors import ResumableExpired
 from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import UnsafeFilename
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.intake import UploadIntake
 from deerflow_web.services.uploads.resumable import Checksum
@@ -34,6 +35,8 @@ from deerflow_web.settings import ConversionSettings
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.resumable import DatabaseResumableStore
 from tests.helpers import uploads_dir
+
+REF = ThreadRef.single_user("T")  # the flat layout: no accounts at the service level
 
 
 def b64(data: bytes | str) -> str:
@@ -80,12 +83,12 @@ def service(base_dir: Path, clock: Clock) -> ResumableUploadService:
 
 def start(service: ResumableUploadService, length: int, filename: str) -> str:
     """A new upload's id."""
-    return service.create("T", length, meta(filename=filename)).upload.upload_id
+    return service.create(REF, length, meta(filename=filename)).upload.upload_id
 
 
 def send(service: ResumableUploadService, upload_id: str, offset: int, data: bytes, **kw):
     return service.append(
-        "T", upload_id, offset=offset, body=io.BytesIO(data), content_length=len(data), **kw
+        REF, upload_id, offset=offset, body=io.BytesIO(data), content_length=len(data), **kw
     )
 
 
@@ -146,12 +149,12 @@ def test_an_upload_in_two_chunks_ends_as_an_ordinary_upload(
     service: ResumableUploadService, base_dir: Path
 ) -> None:
     data = b"0123456789" * 1000
-    created = service.create("T", len(data), meta(filename="notes.txt"))
+    created = service.create(REF, len(data), meta(filename="notes.txt"))
     upload_id = created.upload.upload_id
-    assert created.accepted is None and service.status("T", upload_id).offset == 0
+    assert created.accepted is None and service.status(REF, upload_id).offset == 0
     half = send(service, upload_id, 0, data[:4000])
     assert half.upload.offset == 4000 and half.accepted is None
-    assert service.status("T", upload_id).offset == 4000
+    assert service.status(REF, upload_id).offset == 4000
     done = send(service, upload_id, 4000, data[4000:])
     saved = done.accepted.result.files[0].record
     assert saved.filename == "notes.txt" and saved.sha256 == hashlib.sha256(data).hexdigest()
@@ -159,13 +162,13 @@ def test_an_upload_in_two_chunks_ends_as_an_ordinary_upload(
     assert not [
         name for name in (p.name for p in folder(base_dir).iterdir()) if is_staging_name(name)
     ]
-    assert [r.filename for r in service.uploads.list_uploads("T")] == ["notes.txt"]
+    assert [r.filename for r in service.uploads.list_uploads(REF)] == ["notes.txt"]
 
 
 def test_an_empty_file_is_committed_at_creation(
     service: ResumableUploadService, base_dir: Path
 ) -> None:
-    created = service.create("T", 0, meta(filename="empty.txt"))
+    created = service.create(REF, 0, meta(filename="empty.txt"))
     assert created.accepted.result.files[0].record.size == 0
     assert (folder(base_dir) / "empty.txt").read_bytes() == b""
 
@@ -185,24 +188,24 @@ def test_bad_creations_leave_nothing(
     service: ResumableUploadService, base_dir: Path, metadata: str, error: type[Exception]
 ) -> None:
     with pytest.raises(error):
-        service.create("T", 10, metadata)
+        service.create(REF, 10, metadata)
     assert not folder(base_dir).exists() or list(folder(base_dir).iterdir()) == []
 
 
 def test_a_file_over_the_limit_is_refused_before_a_byte(service: ResumableUploadService) -> None:
     with pytest.raises(FileTooLarge):
-        service.create("T", service.max_size + 1, meta(filename="big.bin"))
+        service.create(REF, service.max_size + 1, meta(filename="big.bin"))
 
 
 def test_reject_refuses_a_taken_name_at_creation(service: ResumableUploadService) -> None:
-    service.uploads.save_uploads("T", [IncomingFile("taken.txt", io.BytesIO(b"x"))])
+    service.uploads.save_uploads(REF, [IncomingFile("taken.txt", io.BytesIO(b"x"))])
     with pytest.raises(NameConflict):
-        service.create("T", 3, meta(filename="taken.txt", on_conflict="reject"))
+        service.create(REF, 3, meta(filename="taken.txt", on_conflict="reject"))
 
 
 def test_a_bad_thread_id_is_refused(service: ResumableUploadService) -> None:
     with pytest.raises(ValueError):
-        service.create("../x", 3, meta(filename="a.txt"))
+        service.create(ThreadRef.single_user("../x"), 3, meta(filename="a.txt"))
 
 
 # ---- appending ----------------------------------------------------------------------------
@@ -212,7 +215,7 @@ def test_a_chunk_at_the_wrong_offset_is_refused(service: ResumableUploadService)
     upload_id = start(service, 10, "a.bin")
     with pytest.raises(OffsetMismatch):
         send(service, upload_id, 3, b"abc")
-    assert service.status("T", upload_id).offset == 0
+    assert service.status(REF, upload_id).offset == 0
 
 
 def test_a_chunk_past_the_declared_length_is_refused(service: ResumableUploadService) -> None:
@@ -220,8 +223,8 @@ def test_a_chunk_past_the_declared_length_is_refused(service: ResumableUploadSer
     with pytest.raises(PastUploadLength):
         send(service, upload_id, 0, b"too long")
     with pytest.raises(PastUploadLength):  # a chunked body that does not say its length
-        service.append("T", upload_id, offset=0, body=io.BytesIO(b"too long"), content_length=None)
-    assert service.status("T", upload_id).offset == 0
+        service.append(REF, upload_id, offset=0, body=io.BytesIO(b"too long"), content_length=None)
+    assert service.status(REF, upload_id).offset == 0
 
 
 def test_a_checksummed_chunk_is_kept_only_when_it_matches(service: ResumableUploadService) -> None:
@@ -229,7 +232,7 @@ def test_a_checksummed_chunk_is_kept_only_when_it_matches(service: ResumableUplo
     wrong = Checksum("sha1", hashlib.sha1(b"other").digest())
     with pytest.raises(ChecksumMismatch):
         send(service, upload_id, 0, b"abc", checksum=wrong)
-    assert service.status("T", upload_id).offset == 0
+    assert service.status(REF, upload_id).offset == 0
     right = Checksum("sha256", hashlib.sha256(b"abc").digest())
     assert send(service, upload_id, 0, b"abc", checksum=right).upload.offset == 3
 
@@ -237,8 +240,8 @@ def test_a_checksummed_chunk_is_kept_only_when_it_matches(service: ResumableUplo
 def test_a_cut_off_chunk_keeps_what_arrived(service: ResumableUploadService) -> None:
     upload_id = start(service, 10, "a.bin")
     with pytest.raises(MalformedUpload):
-        service.append("T", upload_id, offset=0, body=CutOff(b"abcd"), content_length=10)
-    assert service.status("T", upload_id).offset == 4
+        service.append(REF, upload_id, offset=0, body=CutOff(b"abcd"), content_length=10)
+    assert service.status(REF, upload_id).offset == 4
     assert send(service, upload_id, 4, b"efghij").accepted is not None
 
 
@@ -247,7 +250,7 @@ def test_a_retry_of_the_last_chunk_after_the_commit_is_answered(
 ) -> None:
     upload_id = start(service, 3, "a.bin")
     send(service, upload_id, 0, b"abc")
-    again = service.append("T", upload_id, offset=3, body=io.BytesIO(b""), content_length=0)
+    again = service.append(REF, upload_id, offset=3, body=io.BytesIO(b""), content_length=0)
     assert again.upload.offset == 3
     with pytest.raises(OffsetMismatch):
         send(service, upload_id, 0, b"abc")
@@ -256,11 +259,11 @@ def test_a_retry_of_the_last_chunk_after_the_commit_is_answered(
 def test_uploads_are_per_thread_and_per_user(service: ResumableUploadService) -> None:
     upload_id = start(service, 3, "a.bin")
     with pytest.raises(ResumableNotFound):
-        service.status("other-thread", upload_id)
+        service.status(ThreadRef.single_user("other-thread"), upload_id)
     with pytest.raises(ResumableNotFound):
-        service.status("T", upload_id, user_id="someone-else")
+        service.status(ThreadRef("T", "someone-else"), upload_id)
     with pytest.raises(ResumableNotFound):
-        service.status("T", "0" * 32)
+        service.status(REF, "0" * 32)
 
 
 # ---- ending -------------------------------------------------------------------------------
@@ -272,9 +275,9 @@ def test_terminate_drops_the_upload_and_only_unfinished_bytes(
 ) -> None:
     upload_id = start(service, length, "a.bin")
     send(service, upload_id, 0, b"abc")
-    service.terminate("T", upload_id)
+    service.terminate(REF, upload_id)
     with pytest.raises(ResumableNotFound):
-        service.status("T", upload_id)
+        service.status(REF, upload_id)
     left = {path.name: path.read_bytes() for path in folder(base_dir).iterdir()}
     assert left == ({} if length > 3 else {"a.bin": b"abc"})  # a committed file stays
 
@@ -291,12 +294,12 @@ def test_expired_uploads_are_swept(
     assert service.sweep_expired() in (0, 1)
     assert list(folder(base_dir).iterdir()) == []
     with pytest.raises(ResumableNotFound):
-        service.status("T", upload_id)
+        service.status(REF, upload_id)
 
 
 def test_the_start_up_sweep_keeps_only_staging_files_on_record(
     service: ResumableUploadService, base_dir: Path
 ) -> None:
-    upload = service.create("T", 10, meta(filename="a.bin")).upload
+    upload = service.create(REF, 10, meta(filename="a.bin")).upload
     assert service.is_live_staging(upload.staging_path)
     assert not service.is_live_staging(folder(base_dir) / ".upload-stray.part")
