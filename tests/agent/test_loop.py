@@ -13,17 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
 from langchain_core.messages import ToolMessage
-from langgraph.checkpoint.memory import InMemorySaver
 
-from deerflow_web.agent import make_file_tools
-from deerflow_web.agent import make_upload_middleware
-from tests.support.agent_helpers import AgentContext
 from tests.support.agent_helpers import RecordingToolModel
+from tests.support.agent_helpers import file_agent
 from tests.support.agent_helpers import human_with_files
 from tests.support.agent_helpers import thread_uploads
 from tests.support.agent_helpers import tool_call
@@ -53,13 +49,7 @@ def base(tmp_path: Path) -> Path:
 
 
 def _agent(base: Path, model: RecordingToolModel, **middleware_options: Any) -> Any:
-    return create_agent(
-        model,
-        tools=make_file_tools(base_dir=base),
-        middleware=make_upload_middleware(base_dir=base, **middleware_options),
-        context_schema=AgentContext,
-        checkpointer=InMemorySaver(),
-    )
+    return file_agent(model, base, middleware_options=middleware_options)
 
 
 def _tool_messages(messages: list[BaseMessage]) -> dict[str, ToolMessage]:

@@ -16,16 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
 from langchain_core.messages import ToolMessage
-from langgraph.checkpoint.memory import InMemorySaver
 
 from deerflow_web.agent import UploadTools
 from deerflow_web.agent import make_file_tools
-from deerflow_web.agent import make_upload_middleware
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import ThreadRef
@@ -34,8 +31,8 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 from tests.helpers import uploads_dir
-from tests.support.agent_helpers import AgentContext
 from tests.support.agent_helpers import RecordingToolModel
+from tests.support.agent_helpers import file_agent
 from tests.support.agent_helpers import human_with_files
 from tests.support.agent_helpers import make_runtime
 from tests.support.agent_helpers import tool_call
@@ -66,12 +63,8 @@ def service(base_dir: Path) -> UploadService:
 
 
 def _agent(base_dir: Path, service: UploadService, model: RecordingToolModel, **tools: Any) -> Any:
-    return create_agent(
-        model,
-        tools=make_file_tools(base_dir=base_dir, **tools),
-        middleware=make_upload_middleware(base_dir=base_dir, upload_service=service),
-        context_schema=AgentContext,
-        checkpointer=InMemorySaver(),
+    return file_agent(
+        model, base_dir, tool_options=tools, middleware_options={"upload_service": service}
     )
 
 
