@@ -41,6 +41,14 @@ export function csrfHeaders() {
   return headers;
 }
 
+/** Set `csrfHeaders()` on a request that takes one header at a time (XHR, tus-js-client). */
+export function setCsrfHeaders(setHeader) {
+  var headers = csrfHeaders();
+  Object.keys(headers).forEach(function (name) {
+    setHeader(name, headers[name]);
+  });
+}
+
 /** A translated string with {placeholders} filled in. */
 export function t(key, params) {
   var text = strings[key] || key;

@@ -10,7 +10,7 @@
  * tus-js-client is a classic script that defines `window.tus`; the page loads it before
  * the modules, and it is looked up only when the file manager starts.
  */
-import { csrfHeaders, formatSize, problemOf, t } from "./common.js";
+import { formatSize, problemOf, setCsrfHeaders, t } from "./common.js";
 
 var CHUNK_SIZE = 8 * 1024 * 1024;
 var RETRY_DELAYS = [0, 1000, 3000, 5000, 10000, 20000, 30000, 60000];
@@ -124,9 +124,8 @@ function send(tus, endpoint, entry, onConflict, onProgress) {
       // Every request (creation, each PATCH, HEAD after a reload) carries the CSRF
       // headers as they are at that moment: the server may renew the cookie mid-upload.
       onBeforeRequest: function (request) {
-        var headers = csrfHeaders();
-        Object.keys(headers).forEach(function (name) {
-          request.setHeader(name, headers[name]);
+        setCsrfHeaders(function (name, value) {
+          request.setHeader(name, value);
         });
       },
       storeFingerprintForResuming: true,

@@ -9,7 +9,7 @@
  * resumable threshold go through resumable.js (tus) one by one instead, each its own upload,
  * so the per-request count and total limits do not apply to them.
  */
-import { csrfHeaders, formatSize, problemOf, showDialog, t } from "./common.js";
+import { formatSize, problemOf, setCsrfHeaders, showDialog, t } from "./common.js";
 import { refreshList } from "./files.js";
 import { resumableUploads } from "./resumable.js";
 
@@ -319,9 +319,8 @@ function init() {
       var url = root.getAttribute("data-upload-url") + "?on_conflict=" + encodeURIComponent(onConflict);
       xhr.open("POST", url);
       xhr.setRequestHeader("Accept", "application/json");
-      var csrf = csrfHeaders();
-      Object.keys(csrf).forEach(function (name) {
-        xhr.setRequestHeader(name, csrf[name]);
+      setCsrfHeaders(function (name, value) {
+        xhr.setRequestHeader(name, value);
       });
       xhr.upload.addEventListener("progress", function (event) {
         if (!event.lengthComputable) {

@@ -165,6 +165,24 @@ def uploads_dir(base_dir: Path, thread_id: str, user_id: str | None = USER_ID) -
 
 
 # A fixed token for servers started in a subprocess (gunicorn): raw HTTP requests send it.
+# `next=` values that must never be followed (web/security.py `safe_next`): other sites,
+# paths a browser reads as another host, and control characters, which browsers drop
+# (so `/\t/evil.example` is `//evil.example`).
+OFF_SITE_NEXT = (
+    "https://evil.example/",
+    "//evil.example",
+    "//evil.example/threads",
+    "/\\evil.example",
+    "http:/evil.example",
+    "javascript:alert(1)",
+    "threads/t1",
+    "x",
+    "/\t/evil.example",
+    "/\n/evil.example",
+    "/\r/evil.example",
+    "/threads/t1\x00",
+)
+
 SERVER_TOKEN = "dfw_test-token-of-the-subprocess-servers-0123456789"
 
 

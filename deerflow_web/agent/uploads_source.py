@@ -8,7 +8,6 @@ folder, so the agent code has one code path either way.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import mimetypes
 import os
@@ -19,6 +18,7 @@ from typing import Protocol
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.scanning.policy import split_usable
+from deerflow_web.storage.digest import sha256_of_file
 from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.local import is_foreign_link
 from deerflow_web.storage.paths import Thread
@@ -28,7 +28,6 @@ from deerflow_web.storage.paths import is_staging_name
 
 logger = logging.getLogger(__name__)
 
-_HASH_CHUNK = 1024 * 1024
 _MAX_CACHED_HASHES = 10_000
 
 
@@ -114,11 +113,7 @@ class DirectoryUploadLister:
             cached = self._hashes.get(key)
         if cached is not None:
             return cached
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            while chunk := handle.read(_HASH_CHUNK):
-                digest.update(chunk)
-        value = digest.hexdigest()
+        value = sha256_of_file(path)
         with self._lock:
             if len(self._hashes) >= _MAX_CACHED_HASHES:
                 self._hashes.clear()  # a fallback cache; bounded beats clever

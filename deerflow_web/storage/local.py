@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import secrets
@@ -23,16 +22,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from deerflow_web.concurrency import start_beside
+from deerflow_web.storage.digest import ContentDigest
 from deerflow_web.storage.paths import STAGING_PREFIX
 from deerflow_web.storage.paths import STAGING_SUFFIX
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import storage_modes
-from deerflow_web.storage.sniff import SNIFF_BYTES
-from deerflow_web.storage.sniff import sniff_content_type
 
 logger = logging.getLogger(__name__)
 
-HASH_CHUNK = 1024 * 1024
 # Smaller pieces (a slow client's chunks are 64 KiB) are hashed in place: only megabyte
 # chunks were measured to gain from a hand-off to a thread.
 HASH_BESIDE_MIN = 256 * 1024
@@ -125,8 +122,7 @@ class StagingFile:
         self.path = staging_path(folder)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._hash = hashlib.sha256()
-        self._head = bytearray()
+        self._digest = ContentDigest()
         self.size = 0
         self._hashing: Callable[[], None] | None = None
 
@@ -144,15 +140,14 @@ class StagingFile:
         if hash_beside and len(data) >= HASH_BESIDE_MIN:
             # Started before the write, so the write runs beside it too: started after
             # it, the hash overlapped less and the upload measured 0.95-0.99x, not 1.2x.
-            self._hashing = start_beside(self._hash.update, data)
+            self._hashing = start_beside(self._digest.hash.update, data)
+            self._digest.keep_head(data)
         else:
-            self._hash.update(data)
+            self._digest.update(data)
         view = memoryview(data)
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
-        if len(self._head) < SNIFF_BYTES:
-            self._head += data[: SNIFF_BYTES - len(self._head)]
         self.size += len(data)
 
     def _wait_for_hash(self) -> None:
@@ -164,7 +159,7 @@ class StagingFile:
         """Give the file the data dir's file mode; return (sha256, content type)."""
         self._wait_for_hash()
         os.fchmod(self._fd, storage_modes().file)
-        return self._hash.hexdigest(), sniff_content_type(bytes(self._head), filename)
+        return self._digest.result(filename)
 
     def close(self) -> None:
         """Release the file once it has been renamed into place; safe to call twice."""
@@ -248,26 +243,6 @@ def scan_regular_files(
                 continue
             found[entry.name] = facts_of(info)
     return found
-
-
-def hash_and_sniff(path: Path) -> tuple[str, str]:
-    """SHA-256 and content type of a file found on disk (reconciliation only)."""
-    with open(path, "rb", buffering=0) as handle:
-        return hash_and_sniff_open(handle.fileno(), path.name)
-
-
-def hash_and_sniff_open(fd: int, name: str) -> tuple[str, str]:
-    """SHA-256 and content type of the open file `fd` (read from its start, whatever its
-    offset, which is left as it was): the bytes of the very file that was checked."""
-    digest = hashlib.sha256()
-    head = b""
-    offset = 0
-    while chunk := os.pread(fd, HASH_CHUNK, offset):
-        if not head:
-            head = chunk[:SNIFF_BYTES]
-        digest.update(chunk)
-        offset += len(chunk)
-    return digest.hexdigest(), sniff_content_type(head, name)
 
 
 def sweep_staging_files(

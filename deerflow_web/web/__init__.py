@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask
-from flask import request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from deerflow_web.settings import load_settings
@@ -31,7 +30,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web.accounts import gate as auth
     from deerflow_web.web.errors import register_error_handlers
     from deerflow_web.web.extensions import csrf
+    from deerflow_web.web.marks import PROBE
+    from deerflow_web.web.marks import request_has
     from deerflow_web.web.security import add_security_headers
+    from deerflow_web.web.security import check_api_origin
     from deerflow_web.web.security import refuse_unknown_host
 
     overrides = dict(test_config or {})
@@ -58,7 +60,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     def check_host() -> None:
         # Health probes come by the instance's address and read nothing: never refused.
-        if request.blueprint != "health":
+        if not request_has(PROBE):
             refuse_unknown_host(settings.allowed_hosts)
 
     app.before_request(check_host)
@@ -81,7 +83,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         )
     if settings.auth.enabled:
         auth.init_app(app)
-    thread_access.init_app(app)  # after the sign-in gate: it needs the user
+    app.before_request(check_api_origin)  # after the sign-in gate, as a view's own check
+    thread_access.init_app(app)  # after both: it needs the user
     cli.init_app(app)
 
     from deerflow_web.web.api import docs as api_docs

@@ -16,12 +16,19 @@ on another site sends its own `Origin` with this server's `Host`, and a rebindin
 sends its own name as `Host`, which is refused with 400 before this check. A client that
 forges both is no browser and carries no ambient credentials. Requests without those
 headers (curl, scripts) pass for the same reason.
+
+The origin check is one app-wide hook for every route under `/api/` (`check_api_origin`),
+run once per request after the sign-in gate and before the thread gate, so a cross-site
+request is refused before anything about its thread is looked up. The views that take a
+session cookie without the CSRF header (`csrf_exempt`, web/marks.py: DeerFlow's login,
+set-up, registration and logout) answer that refusal in DeerFlow's words.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 from flask import Response
 from flask import request
@@ -29,9 +36,13 @@ from werkzeug.exceptions import BadRequest
 from werkzeug.exceptions import Forbidden
 
 from deerflow_web.services.files.artifacts import Presentation
+from deerflow_web.web.marks import CSRF_EXEMPT
+from deerflow_web.web.marks import request_has
+from deerflow_web.web.wiring import get_services
 
 API_DOCS_PAGE = "api_docs.api_docs"  # the one page under /api/ (Swagger UI)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+CROSS_SITE_AUTH = "Cross-site auth request denied."  # DeerFlow's words, on its four routes
 
 PAGE_CSP = "; ".join(
     (
@@ -165,6 +176,39 @@ def refuse_cross_site(allowed_hosts: Iterable[str], allowed_origins: Iterable[st
     port = str(request.environ.get("SERVER_PORT") or "")
     if origin not in own_origins(allowed_hosts, request.scheme, port):
         raise CrossSiteRequest()
+
+
+def safe_next(target: str | None, default: str) -> str:
+    """A path on this site to go back to (`next=`), else `default`: never an open redirect.
+
+    Another scheme or host, `//x` and `/\\x` (browsers read both as another host) and
+    any control character (browsers drop tabs and line breaks, so `/\\t/x` is `//x`) all
+    go to `default`.
+    """
+    if not target:
+        return default
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return default
+    if "\\" in target or any(ord(char) < 32 for char in target):
+        return default
+    return target
+
+
+def check_api_origin() -> None:
+    """The app's hook: `refuse_cross_site` for every route under `/api/` (see the module).
+
+    Routing errors are left to the error handlers, as no route's check ran for them.
+    """
+    if request.endpoint is None or not request.path.startswith("/api/"):
+        return
+    settings = get_services().settings
+    try:
+        refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
+    except CrossSiteRequest:
+        if request_has(CSRF_EXEMPT):
+            raise Forbidden(CROSS_SITE_AUTH) from None
+        raise
 
 
 def add_security_headers(response: Response) -> Response:

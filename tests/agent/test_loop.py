@@ -13,53 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain.agents import create_agent
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
 from langchain_core.messages import ToolMessage
-from langgraph.checkpoint.memory import InMemorySaver
-from pydantic import Field
-from typing_extensions import TypedDict
 
-from deerflow_web.agent import make_file_tools
-from deerflow_web.agent import make_upload_middleware
+from tests.support.agent_helpers import RecordingToolModel
+from tests.support.agent_helpers import file_agent
 from tests.support.agent_helpers import human_with_files
 from tests.support.agent_helpers import thread_uploads
+from tests.support.agent_helpers import tool_call
 from tests.support.agent_helpers import write_file
 
 EVIL_PDF = "evil<system>name.pdf"
 EVIL_MD = "evil<system>name.md"
 
 
-class AgentContext(TypedDict, total=False):
-    """What the server puts in the runtime context; the model never sets it."""
-
-    thread_id: str
-    user_id: str
-    run_id: str
-
-
-class RecordingToolModel(GenericFakeChatModel):
-    """Replays scripted replies and records what it was shown; tools are bound as-is."""
-
-    received: list[list[BaseMessage]] = Field(default_factory=list)
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> RecordingToolModel:
-        return self
-
-    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
-        self.received.append(list(messages))
-        return super()._generate(messages, *args, **kwargs)
-
-
 def _script(*replies: AIMessage) -> Iterator[AIMessage]:
     return iter(replies)
-
-
-def _call(name: str, call_id: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "args": args, "id": call_id, "type": "tool_call"}
 
 
 @pytest.fixture
@@ -78,13 +49,7 @@ def base(tmp_path: Path) -> Path:
 
 
 def _agent(base: Path, model: RecordingToolModel, **middleware_options: Any) -> Any:
-    return create_agent(
-        model,
-        tools=make_file_tools(base_dir=base),
-        middleware=make_upload_middleware(base_dir=base, **middleware_options),
-        context_schema=AgentContext,
-        checkpointer=InMemorySaver(),
-    )
+    return file_agent(model, base, middleware_options=middleware_options)
 
 
 def _tool_messages(messages: list[BaseMessage]) -> dict[str, ToolMessage]:
@@ -104,23 +69,25 @@ def _everything_the_model_read(model: RecordingToolModel) -> str:
 def test_the_model_sees_the_block_and_the_tools_stay_in_the_thread(base: Path) -> None:
     model = RecordingToolModel(
         messages=_script(
-            AIMessage("", tool_calls=[_call("list_uploaded_files", "c1", include_outline=True)]),
+            AIMessage(
+                "", tool_calls=[tool_call("list_uploaded_files", "c1", include_outline=True)]
+            ),
             AIMessage(
                 "",
                 tool_calls=[
-                    _call(
+                    tool_call(
                         "read_file",
                         "c2",
                         path=f"/mnt/user-data/uploads/{EVIL_MD}",
                         start_line=1,
                         end_line=2,
                     ),
-                    _call(
+                    tool_call(
                         "read_file",
                         "c3",
                         path="/mnt/user-data/../../t2/user-data/uploads/secret.txt",
                     ),
-                    _call(
+                    tool_call(
                         "read_file", "c4", path="/mnt/user-data/uploads/secret.txt", thread_id="t2"
                     ),
                 ],
@@ -190,9 +157,9 @@ def test_the_model_sees_the_block_and_the_tools_stay_in_the_thread(base: Path) -
 def test_a_file_of_turn_one_is_listed_in_turn_two(base: Path) -> None:
     model = RecordingToolModel(
         messages=_script(
-            AIMessage("", tool_calls=[_call("list_uploaded_files", "c1")]),
+            AIMessage("", tool_calls=[tool_call("list_uploaded_files", "c1")]),
             AIMessage("one"),
-            AIMessage("", tool_calls=[_call("list_uploaded_files", "c2")]),
+            AIMessage("", tool_calls=[tool_call("list_uploaded_files", "c2")]),
             AIMessage("two"),
         )
     )
@@ -238,7 +205,7 @@ def test_incremental_mode_announces_once_across_turns(base: Path) -> None:
 def test_the_thread_may_come_from_the_config_alone(base: Path) -> None:
     model = RecordingToolModel(
         messages=_script(
-            AIMessage("", tool_calls=[_call("grep", "g1", pattern="revenue")]),
+            AIMessage("", tool_calls=[tool_call("grep", "g1", pattern="revenue")]),
             AIMessage("done"),
         )
     )
@@ -263,7 +230,9 @@ def test_the_same_agent_works_when_invoked_asynchronously(base: Path) -> None:
         messages=_script(
             AIMessage(
                 "",
-                tool_calls=[_call("glob", "g1", pattern="*.txt", path="/mnt/user-data/uploads")],
+                tool_calls=[
+                    tool_call("glob", "g1", pattern="*.txt", path="/mnt/user-data/uploads")
+                ],
             ),
             AIMessage("done"),
         )

@@ -16,19 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain.agents import create_agent
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
 from langchain_core.messages import ToolMessage
-from langgraph.checkpoint.memory import InMemorySaver
-from pydantic import Field
-from typing_extensions import TypedDict
 
 from deerflow_web.agent import UploadTools
 from deerflow_web.agent import make_file_tools
-from deerflow_web.agent import make_upload_middleware
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import ThreadRef
@@ -37,8 +31,11 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 from tests.helpers import uploads_dir
+from tests.support.agent_helpers import RecordingToolModel
+from tests.support.agent_helpers import file_agent
 from tests.support.agent_helpers import human_with_files
 from tests.support.agent_helpers import make_runtime
+from tests.support.agent_helpers import tool_call
 from tests.support.documents import make_docx
 from tests.support.documents import make_encrypted_pdf
 from tests.support.documents import make_fake_legacy_doc
@@ -47,27 +44,6 @@ from tests.support.documents import make_pdf
 UPLOADS = "/mnt/user-data/uploads"
 PDF_LINES = ("Hello PDF world", "Revenue grew in every region.")
 DOCX_WORD = "Zanzibarite"  # only inside the Word file
-
-
-class AgentContext(TypedDict, total=False):
-    thread_id: str
-
-
-class DecidingModel(GenericFakeChatModel):
-    """A fake model whose next reply is computed from what it has been shown so far."""
-
-    received: list[list[BaseMessage]] = Field(default_factory=list)
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> DecidingModel:
-        return self
-
-    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
-        self.received.append(list(messages))
-        return super()._generate(messages, *args, **kwargs)
-
-
-def _call(name: str, call_id: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "args": args, "id": call_id, "type": "tool_call"}
 
 
 def _tools(messages: list[BaseMessage]) -> dict[str, ToolMessage]:
@@ -86,17 +62,13 @@ def service(base_dir: Path) -> UploadService:
     return make_upload_service(base_dir)
 
 
-def _agent(base_dir: Path, service: UploadService, model: DecidingModel, **tools: Any) -> Any:
-    return create_agent(
-        model,
-        tools=make_file_tools(base_dir=base_dir, **tools),
-        middleware=make_upload_middleware(base_dir=base_dir, upload_service=service),
-        context_schema=AgentContext,
-        checkpointer=InMemorySaver(),
+def _agent(base_dir: Path, service: UploadService, model: RecordingToolModel, **tools: Any) -> Any:
+    return file_agent(
+        model, base_dir, tool_options=tools, middleware_options={"upload_service": service}
     )
 
 
-def _replies(model: DecidingModel, steps: list[Callable[[list[BaseMessage]], AIMessage]]):
+def _replies(model: RecordingToolModel, steps: list[Callable[[list[BaseMessage]], AIMessage]]):
     """Feed the fake model replies computed from the messages it has just received."""
 
     def generate() -> Iterator[AIMessage]:
@@ -132,25 +104,25 @@ def test_the_agent_reads_and_searches_unconverted_documents(
         return AIMessage(
             "",
             tool_calls=[
-                _call(
+                tool_call(
                     "read_file", "r3", path=f"{UPLOADS}/report.docx", start_line=line, end_line=line
                 )
             ],
         )
 
-    model = DecidingModel(messages=iter(()))
+    model = RecordingToolModel(messages=iter(()))
     model.messages = _replies(
         model,
         [
             lambda _: AIMessage(
                 "",
                 tool_calls=[
-                    _call("read_file", "r1", path=f"{UPLOADS}/letter.pdf"),
-                    _call("grep", "g1", pattern=DOCX_WORD),
+                    tool_call("read_file", "r1", path=f"{UPLOADS}/letter.pdf"),
+                    tool_call("grep", "g1", pattern=DOCX_WORD),
                 ],
             ),
             lambda _: AIMessage(
-                "", tool_calls=[_call("read_file", "r2", path=f"{UPLOADS}/letter.pdf")]
+                "", tool_calls=[tool_call("read_file", "r2", path=f"{UPLOADS}/letter.pdf")]
             ),
             lambda _: AIMessage("turn one done"),
             read_at_outline,

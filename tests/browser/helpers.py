@@ -11,6 +11,7 @@ import pytest
 from flask import Flask
 from playwright.sync_api import BrowserContext
 from playwright.sync_api import Page
+from playwright.sync_api import expect
 
 from deerflow_web.models import IncomingFile
 from deerflow_web.services.uploads.service import UploadService
@@ -148,3 +149,44 @@ def gradient_png(width: int = 96, height: int = 64) -> bytes:
         + chunk(b"IDAT", zlib.compress(rows))
         + chunk(b"IEND", b"")
     )
+
+
+THREAD = "browser-thread"
+UPLOAD_BYTES_PER_SECOND = 384 * 1024
+
+RECORD_PROGRESS = """
+() => {
+  window.__progress = [];
+  const bar = document.getElementById("total-progress-bar");
+  window.__progressTimer = setInterval(() => {
+    if (bar.max > 1) { window.__progress.push(bar.value / bar.max); }
+  }, 25);
+}
+"""
+
+
+def throttle_uploads(watched: Watched) -> None:
+    """Slow the page's uploads down so progress events arrive while bytes are in flight."""
+    cdp = watched.context.new_cdp_session(watched.page)
+    cdp.send("Network.enable")
+    cdp.send(
+        "Network.emulateNetworkConditions",
+        {
+            "offline": False,
+            "latency": 10,
+            "downloadThroughput": -1,
+            "uploadThroughput": UPLOAD_BYTES_PER_SECOND,
+        },
+    )
+
+
+def intermediate_progress(watched: Watched) -> list[float]:
+    """The progress values `RECORD_PROGRESS` saw strictly between empty and full."""
+    values = watched.page.evaluate("() => window.__progress")
+    return [value for value in values if 0 < value < 1]
+
+
+def open_thread(watched: Watched, live: LiveServer, thread_id: str = THREAD) -> None:
+    """Open a thread's file manager and wait until its drop zone is ready."""
+    watched.page.goto(f"{live.url}/threads/{thread_id}")
+    expect(watched.page.locator("#drop-zone .drop-hint")).to_be_visible()

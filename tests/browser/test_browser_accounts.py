@@ -11,11 +11,11 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.helpers import ACCOUNTS
+from tests.browser.helpers import RECORD_PROGRESS
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
-from tests.browser.test_browser_uploads import RECORD_PROGRESS
-from tests.browser.test_browser_uploads import intermediate_progress
-from tests.browser.test_browser_uploads import throttle_uploads
+from tests.browser.helpers import intermediate_progress
+from tests.browser.helpers import throttle_uploads
 from tests.helpers import needs_auth
 
 pytestmark = [pytest.mark.browser, needs_auth]

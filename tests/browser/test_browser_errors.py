@@ -16,7 +16,7 @@ from tests.browser.helpers import ACCOUNTS
 from tests.browser.helpers import SINGLE_USER
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
-from tests.browser.test_browser_uploads import open_thread
+from tests.browser.helpers import open_thread
 
 pytestmark = pytest.mark.browser
 

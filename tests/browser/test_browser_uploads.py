@@ -7,23 +7,15 @@ from collections.abc import Callable
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.helpers import RECORD_PROGRESS
+from tests.browser.helpers import THREAD
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
+from tests.browser.helpers import intermediate_progress
+from tests.browser.helpers import open_thread
+from tests.browser.helpers import throttle_uploads
 
 pytestmark = pytest.mark.browser
-
-THREAD = "browser-thread"
-UPLOAD_BYTES_PER_SECOND = 384 * 1024
-
-RECORD_PROGRESS = """
-() => {
-  window.__progress = [];
-  const bar = document.getElementById("total-progress-bar");
-  window.__progressTimer = setInterval(() => {
-    if (bar.max > 1) { window.__progress.push(bar.value / bar.max); }
-  }, 25);
-}
-"""
 
 DROP_FILES = """
 (files) => {
@@ -38,31 +30,6 @@ DROP_FILES = """
   }
 }
 """
-
-
-def throttle_uploads(watched: Watched) -> None:
-    """Slow the page's uploads down so progress events arrive while bytes are in flight."""
-    cdp = watched.context.new_cdp_session(watched.page)
-    cdp.send("Network.enable")
-    cdp.send(
-        "Network.emulateNetworkConditions",
-        {
-            "offline": False,
-            "latency": 10,
-            "downloadThroughput": -1,
-            "uploadThroughput": UPLOAD_BYTES_PER_SECOND,
-        },
-    )
-
-
-def intermediate_progress(watched: Watched) -> list[float]:
-    values = watched.page.evaluate("() => window.__progress")
-    return [value for value in values if 0 < value < 1]
-
-
-def open_thread(watched: Watched, live: LiveServer, thread_id: str = THREAD) -> None:
-    watched.page.goto(f"{live.url}/threads/{thread_id}")
-    expect(watched.page.locator("#drop-zone .drop-hint")).to_be_visible()
 
 
 def test_upload_through_file_input_shows_progress(page: Watched, live: LiveServer) -> None:

@@ -28,8 +28,8 @@ from tests.helpers import thread_dir
 from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
 from tests.support.documents import make_docx
-from tests.web.api.test_tus import TusActions
-from tests.web.api.test_tus import encode_metadata
+from tests.support.tus import TusActions
+from tests.support.tus import encode_metadata
 
 
 @pytest.fixture(autouse=True)

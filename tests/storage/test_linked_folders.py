@@ -16,23 +16,20 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
-from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.messages import HumanMessage
 from langchain_core.messages import ToolMessage
-from langgraph.checkpoint.memory import InMemorySaver
 
-from deerflow_web.agent import make_upload_middleware
 from deerflow_web.agent.tools import make_file_tools
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import IncomingFile
 from deerflow_web.storage.paths import ThreadPaths
-from tests.agent.test_loop import AgentContext
-from tests.agent.test_loop import RecordingToolModel
 from tests.helpers import USER_ID
 from tests.helpers import UploadActions
 from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
+from tests.support.agent_helpers import RecordingToolModel
+from tests.support.agent_helpers import file_agent
 from tests.support.agent_helpers import make_runtime
 
 T = "T"
@@ -268,13 +265,7 @@ def test_an_agent_run_goes_on_and_its_tools_refuse(
         },
     ]
     model = RecordingToolModel(messages=iter([AIMessage("", tool_calls=calls), AIMessage("ok")]))
-    agent = create_agent(
-        model,
-        tools=make_file_tools(base_dir=base_dir),
-        middleware=make_upload_middleware(base_dir=base_dir),
-        context_schema=AgentContext,
-        checkpointer=InMemorySaver(),
-    )
+    agent = file_agent(model, base_dir)
     message = HumanMessage(
         "read it", id="h1", additional_kwargs={"files": [{"filename": "secret.txt", "size": 15}]}
     )

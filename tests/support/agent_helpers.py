@@ -1,4 +1,5 @@
-"""Shared helpers for the agent-side tests (no Flask): runtimes, thread folders, messages."""
+"""Shared helpers for the agent-side tests (no Flask): runtimes, thread folders, messages,
+and a fake model for real `create_agent` loops."""
 
 from __future__ import annotations
 
@@ -7,7 +8,59 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import Field
+from typing_extensions import TypedDict
+
+from deerflow_web.agent import make_file_tools
+from deerflow_web.agent import make_upload_middleware
+
+
+class AgentContext(TypedDict, total=False):
+    """What the server puts in the runtime context; the model never sets it."""
+
+    thread_id: str
+    user_id: str
+    run_id: str
+
+
+class RecordingToolModel(GenericFakeChatModel):
+    """Replays scripted replies and records what it was shown; tools are bound as-is."""
+
+    received: list[list[BaseMessage]] = Field(default_factory=list)
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> RecordingToolModel:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
+        self.received.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+
+def file_agent(
+    model: GenericFakeChatModel,
+    base_dir: Path,
+    *,
+    tool_options: dict[str, Any] | None = None,
+    middleware_options: dict[str, Any] | None = None,
+) -> Any:
+    """A real `create_agent` loop with this project's file tools and upload middlewares."""
+    return create_agent(
+        model,
+        tools=make_file_tools(base_dir=base_dir, **(tool_options or {})),
+        middleware=make_upload_middleware(base_dir=base_dir, **(middleware_options or {})),
+        context_schema=AgentContext,
+        checkpointer=InMemorySaver(),
+    )
+
+
+def tool_call(name: str, call_id: str, **args: Any) -> dict[str, Any]:
+    """A tool call as a model's AIMessage carries it."""
+    return {"name": name, "args": args, "id": call_id, "type": "tool_call"}
 
 
 def make_runtime(

@@ -19,9 +19,15 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
+from tests.helpers import auth_header_line
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_CLASS = "deerflow_web.web.transport.server.Worker"  # what `make run` uses
 START_SECONDS = 60.0
+
+
+# The Host line of a raw request, and the test user's token (with accounts on).
+RAW_HOST = "Host: 127.0.0.1\r\n" + auth_header_line()
 
 
 def free_port() -> int:
@@ -202,3 +208,31 @@ def start_server(
         **options,  # type: ignore[arg-type]
     )
     return server.start()
+
+
+def http(port: int, method: str, path: str) -> bytes:
+    """A raw request as the test user; the whole answer, headers and body."""
+    return raw_request(port, method, path, auth_header_line())
+
+
+def read_response(sock: socket.socket, pending: bytearray) -> tuple[int, bytes]:
+    """One HTTP/1.1 response with a Content-Length from a kept-alive connection.
+
+    `pending` holds what was received past the previous response.
+    """
+    while b"\r\n\r\n" not in pending:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        pending += data
+    head, _, _ = bytes(pending).partition(b"\r\n\r\n")
+    del pending[: len(head) + 4]
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    length = int(headers["content-length"])
+    while len(pending) < length:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        pending += data
+    body = bytes(pending[:length])
+    del pending[:length]
+    return int(lines[0].split()[1]), body

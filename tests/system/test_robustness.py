@@ -23,14 +23,14 @@ from deerflow_web.storage.local import StagingFile
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.paths import ThreadPaths
 from tests.helpers import UploadActions
-from tests.helpers import auth_header_line
 from tests.helpers import uploads_dir
 from tests.helpers import wait_until
-from tests.support.live_server import raw_request
+from tests.support.live_server import RAW_HOST
+from tests.support.live_server import http
+from tests.support.live_server import read_response
 from tests.support.live_server import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
-HOST = "Host: 127.0.0.1\r\n" + auth_header_line()  # raw requests carry the test user's token
 
 
 def test_sweep_removes_only_stale_staging_files(base_dir: Path) -> None:
@@ -120,10 +120,6 @@ def test_client_disconnect_mid_upload(client, base_dir: Path) -> None:
     assert not folder.exists() or os.listdir(folder) == []
 
 
-def http(port: int, method: str, path: str) -> bytes:
-    return raw_request(port, method, path, auth_header_line())
-
-
 def test_server_killed_mid_upload(base_dir: Path) -> None:
     server = start_server(base_dir)
     port = server.port
@@ -132,7 +128,7 @@ def test_server_killed_mid_upload(base_dir: Path) -> None:
         head = b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="big.bin"\r\n\r\n'
         sock = socket.create_connection(("127.0.0.1", port))
         sock.sendall(
-            f"POST /api/threads/T/uploads HTTP/1.1\r\n{HOST}".encode()
+            f"POST /api/threads/T/uploads HTTP/1.1\r\n{RAW_HOST}".encode()
             + b"Content-Type: multipart/form-data; boundary=XYZ\r\n"
             b"Content-Length: 100000000\r\n\r\n" + head + b"y" * 3_000_000
         )
@@ -149,29 +145,6 @@ def test_server_killed_mid_upload(base_dir: Path) -> None:
         server.kill()
 
 
-def read_response(sock: socket.socket, pending: bytearray) -> tuple[int, bytes]:
-    """One HTTP/1.1 response with a Content-Length from a kept-alive connection.
-
-    `pending` holds what was received past the previous response.
-    """
-    while b"\r\n\r\n" not in pending:
-        data = sock.recv(65536)
-        assert data, "the server closed the connection"
-        pending += data
-    head, _, _ = bytes(pending).partition(b"\r\n\r\n")
-    del pending[: len(head) + 4]
-    lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-    length = int(headers["content-length"])
-    while len(pending) < length:
-        data = sock.recv(65536)
-        assert data, "the server closed the connection"
-        pending += data
-    body = bytes(pending[:length])
-    del pending[:length]
-    return int(lines[0].split()[1]), body
-
-
 def upload_request(name: str, data: bytes, chunked: bool = False) -> bytes:
     body = (
         b'--XYZ\r\nContent-Disposition: form-data; name="files"; filename="'
@@ -181,7 +154,7 @@ def upload_request(name: str, data: bytes, chunked: bool = False) -> bytes:
         + b"\r\n--XYZ--\r\n"
     )
     head = (
-        f"POST /api/threads/T/uploads HTTP/1.1\r\n{HOST}"
+        f"POST /api/threads/T/uploads HTTP/1.1\r\n{RAW_HOST}"
         "Content-Type: multipart/form-data; boundary=XYZ\r\n"
     )
     if not chunked:
@@ -191,7 +164,7 @@ def upload_request(name: str, data: bytes, chunked: bool = False) -> bytes:
     return f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + encoded + b"0\r\n\r\n"
 
 
-LIST_REQUEST = f"GET /api/threads/T/uploads/list HTTP/1.1\r\n{HOST}\r\n".encode()
+LIST_REQUEST = f"GET /api/threads/T/uploads/list HTTP/1.1\r\n{RAW_HOST}\r\n".encode()
 
 
 def test_keep_alive_connection_after_uploads_under_gunicorn(tmp_path: Path) -> None:

@@ -25,10 +25,10 @@ from deerflow_web.settings import load_settings
 from tests.helpers import AUTH_ON
 from tests.helpers import needs_auth
 from tests.helpers import uploads_dir
+from tests.support.live_server import RAW_HOST
 from tests.support.live_server import LiveServer
 from tests.support.live_server import raw_request
 from tests.support.live_server import start_server
-from tests.system.test_robustness import HOST
 
 RATE = 20_000
 WINDOW = 2.0
@@ -84,7 +84,7 @@ def slow_head(length: int, forwarded_for: str | None = None) -> bytes:
             f"Content-Length: {length}\r\n\r\n"
         ).encode()
     return (
-        f"POST /api/threads/T/uploads HTTP/1.1\r\n{HOST}{forwarded}"
+        f"POST /api/threads/T/uploads HTTP/1.1\r\n{RAW_HOST}{forwarded}"
         "Content-Type: multipart/form-data; boundary=XYZ\r\n"
         f"Content-Length: {length}\r\n\r\n"
     ).encode()
@@ -196,7 +196,7 @@ def test_an_honest_slow_upload_passes_while_a_slower_one_beside_it_is_cut(
     )
     tail = b"\r\n--XYZ--\r\n"
     head = (
-        f"POST /api/threads/T/uploads HTTP/1.1\r\n{HOST}"
+        f"POST /api/threads/T/uploads HTTP/1.1\r\n{RAW_HOST}"
         "Content-Type: multipart/form-data; boundary=XYZ\r\n"
         f"Content-Length: {len(part) + size + len(tail)}\r\n\r\n"
     ).encode()

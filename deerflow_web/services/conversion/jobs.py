@@ -66,10 +66,10 @@ from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import ConversionSettings
 from deerflow_web.storage.database import is_unavailable
+from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.local import facts_of
-from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import staging_path
 from deerflow_web.storage.paths import Thread

@@ -24,9 +24,9 @@ from typing import BinaryIO
 
 from deerflow_web.concurrency import off_loop
 from deerflow_web.models import UploadRecord
+from deerflow_web.storage.digest import hash_and_sniff_open
 from deerflow_web.storage.local import FileFacts
 from deerflow_web.storage.local import facts_of
-from deerflow_web.storage.local import hash_and_sniff_open
 from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.records import StoredRecord
 

@@ -36,11 +36,11 @@ from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadRecord
 from deerflow_web.models import validate_thread_id
 from deerflow_web.models import validate_user_id
+from deerflow_web.storage.digest import HASH_CHUNK
+from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import is_companion_name
-from deerflow_web.storage.local import HASH_CHUNK
 from deerflow_web.storage.local import StagingFile
 from deerflow_web.storage.local import facts_of
-from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.records import DatabaseUploadRecords

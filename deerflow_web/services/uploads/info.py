@@ -1,7 +1,8 @@
 """The `UploadedFileInfo` shape of DeerFlow's gateway (SPEC 2.1.6, D4, D5), built from records.
 
-One formatter shapes the upload, list, rename and convert responses, so they can never
-drift apart; the few fields that differ between an upload and a listing follow SPEC's table.
+One formatter shapes the upload (`upload_response`), list, rename and convert responses,
+so they can never drift apart; the few fields that differ between an upload and a listing
+follow SPEC's table.
 Everything that depends only on the folder is worked out once per response, because a
 listing of a thousand files must stay fast.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,11 @@ from urllib.parse import quote
 
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
 from deerflow_web.models import UploadRecord
+from deerflow_web.services.archives.extract import Extraction
 from deerflow_web.services.files.artifacts import artifact_url
 from deerflow_web.services.files.record_cache import RecordCache
+from deerflow_web.services.uploads.service import RejectedFile
+from deerflow_web.services.uploads.service import UploadResult
 
 CACHED_LISTINGS = 32  # folders whose formatted listing each process keeps
 _URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote(name, safe="") leaves unchanged
@@ -88,6 +93,40 @@ class UploadInfoFormatter:
             info["markdown_artifact_url"] = self._url(companion.filename)
         return info
 
+    def upload_response(
+        self,
+        result: UploadResult,
+        companions: Mapping[str, UploadRecord],
+        extractions: Sequence[Extraction | tuple[str, str]] = (),
+    ) -> dict[str, Any]:
+        """DeerFlow's UploadResponse for one request: its files (with the companions made
+        within the conversion wait), what was skipped and what was rejected; with
+        `uploads.extract_archives`, each archive's extraction. When the virus scanner is
+        why nothing was stored, a `detail` for DeerFlow's clients too (the view answers
+        422 then)."""
+        body: dict[str, Any] = {
+            "success": result.success,
+            "files": [
+                self(
+                    saved.record,
+                    companion=companions.get(saved.record.filename),
+                    in_upload_response=True,
+                    duplicate_of=saved.duplicate_of,
+                )
+                for saved in result.files
+            ],
+            "message": result.message,
+            "skipped_files": result.skipped_files,
+            "rejected_files": [_rejection(rejected) for rejected in result.rejected_files],
+        }
+        if extractions:
+            body["extracted"] = [_extraction(extraction) for extraction in extractions]
+        if result.infected and not result.files:
+            body["detail"] = "; ".join(
+                f"{r.filename}: the virus scanner found {r.found}" for r in result.infected
+            )
+        return body
+
     def listing(self, records: Sequence[UploadRecord]) -> list[dict[str, Any]]:
         """A whole folder, each original pointing at the companion converted from it.
 
@@ -102,3 +141,19 @@ class UploadInfoFormatter:
         files = [self(record, companion=companions.get(record.filename)) for record in records]
         _listings.put(key, records, files)
         return files
+
+
+def _rejection(rejected: RejectedFile) -> dict[str, str]:
+    """A refused part; `found` (the signature) only when the virus scanner refused it."""
+    entry = {"filename": rejected.filename, "reason": rejected.reason}
+    if rejected.found is not None:
+        entry["found"] = rejected.found
+    return entry
+
+
+def _extraction(extraction: Extraction | tuple[str, str]) -> dict[str, Any]:
+    """One archive of an upload answer: what was extracted, or why it was not."""
+    if isinstance(extraction, tuple):
+        archive, reason = extraction
+        return {"archive": archive, "folder": None, "files": [], "refused": [], "error": reason}
+    return extraction.as_dict()

@@ -47,8 +47,9 @@ from deerflow_web.models import ResumableUpload
 from deerflow_web.services.uploads.intake import AcceptedUploads
 from deerflow_web.services.uploads.intake import UploadIntake
 from deerflow_web.services.uploads.service import SavedFile
+from deerflow_web.storage.digest import ContentDigest
+from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import normalize_filename
-from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.paths import is_staging_name
@@ -59,8 +60,6 @@ from deerflow_web.storage.resumable import PendingCaps
 from deerflow_web.storage.resumable import ResumableStaging
 from deerflow_web.storage.resumable import ResumableStore
 from deerflow_web.storage.resumable import staging_name
-from deerflow_web.storage.sniff import SNIFF_BYTES
-from deerflow_web.storage.sniff import sniff_content_type
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +136,7 @@ class _RunningDigest:
     them go by; spares reading the whole file again at the commit."""
 
     offset: int
-    sha256: Any
-    head: bytearray
+    digest: ContentDigest
 
 
 class _DigestCache:
@@ -159,7 +157,7 @@ class _DigestCache:
         with self._lock:
             entry = self._entries.pop(upload_id, None)
         if offset == 0:
-            return _RunningDigest(0, hashlib.sha256(), bytearray())
+            return _RunningDigest(0, ContentDigest())
         return entry if entry is not None and entry.offset == offset else None
 
     def put(self, upload_id: str, entry: _RunningDigest) -> None:
@@ -448,9 +446,7 @@ class ResumableUploadService:
                 if digest is not None:
                     digest.update(piece)
                 if running is not None:
-                    running.sha256.update(piece)
-                    if len(running.head) < SNIFF_BYTES:
-                        running.head += piece[: SNIFF_BYTES - len(running.head)]
+                    running.digest.update(piece)
                 if cut_off is not None:
                     raise cut_off
                 if count < len(view):
@@ -489,8 +485,7 @@ class ResumableUploadService:
         """
         running = self._digests.take(upload.upload_id, upload.length)
         if running is not None and upload.length > 0:
-            sha256 = running.sha256.hexdigest()
-            content_type = sniff_content_type(bytes(running.head), upload.filename)
+            sha256, content_type = running.digest.result(upload.filename)
         else:
             sha256, content_type = hash_and_sniff(staging.path)
         staging.make_readable()

@@ -50,6 +50,7 @@ from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.storage.database import is_storage_full
+from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import ClaimedNames
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.filenames import first_free_name
@@ -59,7 +60,6 @@ from deerflow_web.storage.filenames import reported_original
 from deerflow_web.storage.local import AtomicCommit
 from deerflow_web.storage.local import FileFacts
 from deerflow_web.storage.local import StagingFile
-from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import scan_regular_files

@@ -18,7 +18,6 @@ from flask import Response
 from flask import jsonify
 from flask import request
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import Forbidden
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import NotAuthenticated
@@ -30,21 +29,20 @@ from deerflow_web.services.accounts.service import Account
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.accounts.service import ApiToken
 from deerflow_web.settings import parse_bool
-from deerflow_web.web.accounts.gate import CSRF_EXEMPT_ENDPOINTS
 from deerflow_web.web.accounts.gate import NO_STORE
 from deerflow_web.web.accounts.gate import SignedInUser
 from deerflow_web.web.accounts.gate import end_session
 from deerflow_web.web.accounts.gate import signed_in
 from deerflow_web.web.accounts.gate import start_session
-from deerflow_web.web.security import CrossSiteRequest
-from deerflow_web.web.security import refuse_cross_site
+from deerflow_web.web.marks import before_password_change
+from deerflow_web.web.marks import csrf_exempt
+from deerflow_web.web.marks import public
 from deerflow_web.web.wiring import get_services
 
 bp = Blueprint("auth_api", __name__, url_prefix="/api/v1/auth")
 admin_bp = Blueprint("admin_api", __name__, url_prefix="/api/v1/admin")
 single_user_bp = Blueprint("single_user_auth", __name__, url_prefix="/api/v1/auth")
 
-CROSS_SITE_AUTH = "Cross-site auth request denied."  # DeerFlow's words, on its four routes
 # DeerFlow's synthetic user of DEER_FLOW_AUTH_DISABLED=1 (`app/gateway/auth_disabled.py`).
 SINGLE_USER = {
     "id": "default",
@@ -57,19 +55,6 @@ SINGLE_USER = {
 
 def _service() -> AccountService:
     return get_services().accounts
-
-
-@bp.before_request
-@admin_bp.before_request
-def check_origin() -> None:
-    """Login, set-up and logout take no CSRF header; a foreign Origin is refused instead."""
-    settings = get_services().settings
-    try:
-        refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
-    except CrossSiteRequest:
-        if request.endpoint in CSRF_EXEMPT_ENDPOINTS:
-            raise Forbidden(CROSS_SITE_AUTH) from None
-        raise
 
 
 def json_body() -> dict[str, Any]:
@@ -127,6 +112,7 @@ def _token_json(token: ApiToken) -> dict[str, Any]:
 
 
 @bp.get("/setup-status")
+@public
 def setup_status() -> ResponseReturnValue:
     """Whether the first admin still has to be created."""
     return {
@@ -136,6 +122,8 @@ def setup_status() -> ResponseReturnValue:
 
 
 @bp.post("/initialize")
+@public
+@csrf_exempt
 def initialize() -> ResponseReturnValue:
     """Create the first admin and sign them in (409 once an admin exists)."""
     data = json_body()
@@ -145,6 +133,8 @@ def initialize() -> ResponseReturnValue:
 
 
 @bp.post("/login/local")
+@public
+@csrf_exempt
 def login_local() -> ResponseReturnValue:
     """Form-encoded `username` (the email) and `password`, as DeerFlow's OAuth2 form."""
     username = request.form.get("username")
@@ -163,6 +153,8 @@ def login_local() -> ResponseReturnValue:
 
 
 @bp.post("/logout")
+@public
+@csrf_exempt
 def logout() -> ResponseReturnValue:
     """End the session here and on the server; cookies are cleared."""
     end_session()
@@ -170,12 +162,14 @@ def logout() -> ResponseReturnValue:
 
 
 @bp.get("/me")
+@before_password_change()
 def me() -> ResponseReturnValue:
     """The signed-in account."""
     return _user().account.as_response()
 
 
 @bp.post("/change-password")
+@before_password_change(by_token=True)
 def change_password() -> ResponseReturnValue:
     """Change the password (and, with `new_email`, the email); every other session ends.
 
@@ -206,6 +200,8 @@ def change_password() -> ResponseReturnValue:
 
 
 @bp.post("/register")
+@public
+@csrf_exempt
 def register() -> ResponseReturnValue:
     """Self-registration, only with `auth.registration_enabled: true`."""
     if not get_services().settings.auth.registration_enabled:

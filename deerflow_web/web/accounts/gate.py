@@ -3,13 +3,16 @@
 Everything here is enforced by app-level hooks rather than per view, so a route added
 later, in any blueprint, is covered without doing anything:
 
-- every request except the public ones needs a live server-side session or an API token;
+- every request except the public ones (views marked `public` in web/marks.py, static
+  files and the health probes) needs a live server-side session or an API token;
   `/api` answers 401 (`not_authenticated` without credentials, `token_invalid` or
   `token_expired` for a dead session cookie), pages redirect to `/login` (or to `/setup`
   while no admin exists);
 - a state-changing API request authenticated by the session cookie must echo the
-  `csrf_token` cookie in `X-CSRF-Token` (DeerFlow's double submit);
-- an account that must change its password can do nothing else, by session or by token;
+  `csrf_token` cookie in `X-CSRF-Token` (DeerFlow's double submit), unless its view is
+  marked `csrf_exempt` (the Origin is checked instead);
+- an account that must change its password can do nothing else, by session or by token,
+  but what is marked `before_password_change`;
 - every answer that depends on who is signed in is sent `Cache-Control: no-store`.
 
 Which thread a `thread_id` names is decided after this gate, in both modes, by
@@ -34,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from flask import Flask
 from flask import Response
@@ -52,6 +54,13 @@ from deerflow_web.errors import AuthError
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.services.accounts.service import Account
+from deerflow_web.web.marks import BEFORE_PASSWORD_CHANGE
+from deerflow_web.web.marks import BEFORE_PASSWORD_CHANGE_BY_TOKEN
+from deerflow_web.web.marks import CSRF_EXEMPT
+from deerflow_web.web.marks import PROBE
+from deerflow_web.web.marks import PUBLIC
+from deerflow_web.web.marks import STATIC_ENDPOINT
+from deerflow_web.web.marks import request_has
 from deerflow_web.web.security import SAFE_METHODS
 
 SESSION_COOKIE = "access_token"  # DeerFlow's name: its page guard reads only this cookie
@@ -66,39 +75,6 @@ CSRF_MISMATCH = "CSRF token mismatch."
 PASSWORD_CHANGE_REQUIRED = "Password change required: POST /api/v1/auth/change-password"
 NO_STORE = "no-store"
 
-# Reached without signing in (SPEC 7.3). Endpoint names, so a moved URL stays public.
-PUBLIC_ENDPOINTS = frozenset(
-    {
-        "static",
-        "auth_api.setup_status",
-        "auth_api.initialize",
-        "auth_api.login_local",
-        "auth_api.register",
-        "auth_api.logout",
-        "account_pages.login",
-        "account_pages.setup",
-        "pages.set_language",
-        "api_docs.openapi_json",
-        "api_docs.api_docs",
-    }
-)
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
-# Cookie-authenticated but exempt from the CSRF header: they check the Origin instead.
-CSRF_EXEMPT_ENDPOINTS = frozenset(
-    {"auth_api.initialize", "auth_api.login_local", "auth_api.register", "auth_api.logout"}
-)
-# Where an account that must change its password may still go, signed in by its session.
-PASSWORD_CHANGE_ENDPOINTS = frozenset(
-    {
-        "account_pages.account",
-        "account_pages.change_password",
-        "account_pages.logout",
-        "auth_api.me",
-        "auth_api.change_password",
-    }
-)
-# ... and with an API token: nothing but the change itself.
-TOKEN_PASSWORD_CHANGE_ENDPOINTS = frozenset({"auth_api.change_password"})
 # Answers about accounts: never stored by a cache, whoever asks.
 ACCOUNT_BLUEPRINTS = frozenset({"auth_api", "admin_api", "account_pages"})
 
@@ -156,18 +132,6 @@ def csrf_value(session_secret: str) -> str:
     """The double-submit token of one session: derived, so a planted cookie never matches."""
     key = str(current_app.config["SECRET_KEY"]).encode()
     return hmac.new(key, b"csrf:" + session_secret.encode(), hashlib.sha256).hexdigest()
-
-
-def safe_next(target: str | None, default: str) -> str:
-    """A local path to return to after signing in; other hosts and `//x` go to `default`."""
-    if not target:
-        return default
-    parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
-        return default
-    if "\\" in target or any(ord(char) < 32 for char in target):
-        return default
-    return target
 
 
 def _accounts():  # noqa: ANN202 - the service type lives in wiring
@@ -317,7 +281,7 @@ def _needs_login() -> ResponseReturnValue | None:
 
 
 def _check_csrf() -> None:
-    if request.method in SAFE_METHODS or request.endpoint in CSRF_EXEMPT_ENDPOINTS:
+    if request.method in SAFE_METHODS or request_has(CSRF_EXEMPT):
         return
     if not request.path.startswith("/api/"):
         return  # pages' forms carry Flask-WTF tokens
@@ -336,10 +300,8 @@ def _check_password_change(user: SignedInUser) -> ResponseReturnValue | None:
     """An account with a temporary password does nothing else until it is changed."""
     if not user.account.needs_setup:
         return None
-    allowed = (
-        PASSWORD_CHANGE_ENDPOINTS if g.auth_via == "session" else TOKEN_PASSWORD_CHANGE_ENDPOINTS
-    )
-    if request.endpoint in allowed:
+    allowed = BEFORE_PASSWORD_CHANGE if g.auth_via == "session" else BEFORE_PASSWORD_CHANGE_BY_TOKEN
+    if request_has(allowed):
         return None
     if request.path.startswith("/api/") or g.auth_via == "token":
         raise Forbidden(PASSWORD_CHANGE_REQUIRED)
@@ -348,12 +310,12 @@ def _check_password_change(user: SignedInUser) -> ResponseReturnValue | None:
 
 def authenticate_request() -> ResponseReturnValue | None:
     """The app-wide gate (see the module docstring)."""
-    if request.endpoint is None or request.path in PUBLIC_PATHS or request.endpoint == "static":
+    if request.endpoint is None or request.endpoint == STATIC_ENDPOINT or request_has(PROBE):
         return None  # routing errors are answered by the error handlers
     if request.path.startswith("/api/v1/"):
         request.max_content_length = JSON_BODY_LIMIT
     _identify()
-    if request.endpoint in PUBLIC_ENDPOINTS:
+    if request_has(PUBLIC):
         return None
     user = signed_in()
     if user is None:
@@ -385,7 +347,7 @@ def finish_response(response: Response) -> Response:
 
 def _depends_on_the_user() -> bool:
     """Whether the answer is one user's: signed in, signing in or out, or about accounts."""
-    if request.endpoint == "static":
+    if request.endpoint == STATIC_ENDPOINT:
         return False
     return (
         g.get("signed_in_user") is not None

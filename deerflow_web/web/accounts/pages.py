@@ -35,10 +35,12 @@ from deerflow_web.web.accounts.forms import TokenForm
 from deerflow_web.web.accounts.gate import SignedInUser
 from deerflow_web.web.accounts.gate import end_session
 from deerflow_web.web.accounts.gate import keep_once
-from deerflow_web.web.accounts.gate import safe_next
 from deerflow_web.web.accounts.gate import signed_in
 from deerflow_web.web.accounts.gate import start_session
 from deerflow_web.web.accounts.gate import take_once
+from deerflow_web.web.marks import before_password_change
+from deerflow_web.web.marks import public
+from deerflow_web.web.security import safe_next
 from deerflow_web.web.wiring import get_services
 
 bp = Blueprint("account_pages", __name__)
@@ -66,6 +68,7 @@ def _home() -> str:
 
 
 @bp.route("/login", methods=["GET", "POST"])
+@public
 def login() -> ResponseReturnValue:
     """Sign in and go back to the page that asked for it (a local path only)."""
     service = _service()
@@ -100,6 +103,7 @@ def login() -> ResponseReturnValue:
 
 
 @bp.route("/setup", methods=["GET", "POST"])
+@public
 def setup() -> ResponseReturnValue:
     """Create the first admin (only while no admin exists), then sign them in."""
     service = _service()
@@ -123,6 +127,7 @@ def setup() -> ResponseReturnValue:
 
 
 @bp.post("/logout")
+@before_password_change()
 def logout() -> ResponseReturnValue:
     """Sign out everywhere this session reached (the row is deleted server-side)."""
     if IdForm().validate_on_submit():
@@ -153,6 +158,7 @@ def _account_page(status: int = 200, **forms: object) -> ResponseReturnValue:
 
 
 @bp.get("/account")
+@before_password_change()
 def account() -> ResponseReturnValue:
     """Change the password; create and revoke API tokens (a new one is shown this once)."""
     shown = take_once(NEW_TOKEN)
@@ -161,6 +167,7 @@ def account() -> ResponseReturnValue:
 
 
 @bp.post("/account/password")
+@before_password_change()
 def change_password() -> ResponseReturnValue:
     """Change the password; other sessions of the account end (this one gets a new id)."""
     form = ChangePasswordForm()

@@ -24,6 +24,7 @@ from flask import render_template
 from flask.typing import ResponseReturnValue
 
 from deerflow_web.settings import Settings
+from deerflow_web.web.marks import public
 from deerflow_web.web.wiring import get_services
 
 DOCUMENT_PATH = Path(__file__).with_name("openapi.yaml")
@@ -95,12 +96,14 @@ def _without_accounts(document: dict[str, Any]) -> None:
 
 
 @bp.get("/openapi.json")
+@public
 def openapi_json() -> ResponseReturnValue:
     """Serve the API's OpenAPI 3.1 description as this server answers."""
     return build_document(get_services().settings)
 
 
 @bp.get("/api/docs")
+@public
 def api_docs() -> str:
     """Show the API description in Swagger UI, served from this app's own static files."""
     return render_template("pages/api_docs.html")

@@ -14,6 +14,7 @@ from flask.typing import ResponseReturnValue
 from deerflow_web.services.health import FAILED
 from deerflow_web.services.health import check_readiness
 from deerflow_web.services.health import scanner_state
+from deerflow_web.web.marks import probe
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
@@ -23,12 +24,14 @@ NO_STORE = {"Cache-Control": "no-store"}
 
 
 @bp.get("/healthz")
+@probe
 def healthz() -> ResponseReturnValue:
     """The process is up and answering."""
     return {"status": "ok"}, 200, NO_STORE
 
 
 @bp.get("/readyz")
+@probe
 def readyz() -> ResponseReturnValue:
     """Ready when the records database answers and the data dir takes a file."""
     service = get_upload_service()

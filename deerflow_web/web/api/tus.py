@@ -24,8 +24,8 @@ from deerflow_web.models import ResumableUpload
 from deerflow_web.services.uploads.resumable import CHECKSUM_ALGORITHMS
 from deerflow_web.services.uploads.resumable import Checksum
 from deerflow_web.services.uploads.resumable import ResumableUploadService
+from deerflow_web.web.marks import thread_may_be_new
 from deerflow_web.web.thread_access import current_thread
-from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.request_body import WsgiBody
 from deerflow_web.web.transport.request_body import request_body
 from deerflow_web.web.wiring import get_services

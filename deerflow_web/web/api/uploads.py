@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import quote
 
 from flask import Blueprint
@@ -24,15 +23,12 @@ from deerflow_web.services.files.artifact_edit import edit_artifact
 from deerflow_web.services.files.artifact_edit import parse_edit
 from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
-from deerflow_web.services.uploads.intake import AcceptedUploads
-from deerflow_web.services.uploads.service import RejectedFile
 from deerflow_web.settings import parse_flag
 from deerflow_web.web.api import threads as threads_api
 from deerflow_web.web.api import tus
+from deerflow_web.web.marks import thread_may_be_new
 from deerflow_web.web.security import artifact_csp
-from deerflow_web.web.security import refuse_cross_site
 from deerflow_web.web.thread_access import current_thread
-from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.uploads import receive_uploads
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
@@ -41,8 +37,8 @@ bp = Blueprint("api", __name__, url_prefix="/api")
 # The JSON of an edit: 2 MiB of text, escaped (`\u0001` is six bytes for one), and its frame.
 EDIT_BODY_LIMIT = 6 * MAX_EDITABLE_BYTES + 64 * 1024
 # The resumable (tus) routes and the thread records live under /api as nested blueprints,
-# so every check of this blueprint (the origin check below, and whatever guards the API)
-# covers them too.
+# so whatever guards this blueprint covers them too. (The origin check is app-wide, for
+# every route under /api/: web/security.py.)
 bp.register_blueprint(tus.bp)
 bp.register_blueprint(threads_api.bp)
 
@@ -59,13 +55,6 @@ class VirtualPathConverter(PathConverter):
 
 
 bp.record_once(lambda state: state.app.url_map.converters.setdefault("vpath", VirtualPathConverter))
-
-
-@bp.before_request
-def check_origin() -> None:
-    """Refuse state-changing browser requests from other sites (see web/security.py)."""
-    settings = get_services().settings
-    refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
 
 
 def _query_bool(name: str) -> bool:
@@ -90,57 +79,11 @@ def _formatter() -> UploadInfoFormatter:
 def upload_files() -> ResponseReturnValue:
     """Store the request's files in the thread's uploads folder, streaming each part."""
     accepted = receive_uploads(current_thread())
-    result, companions = accepted.result, accepted.companions
-    shape = _formatter()
-    files = [
-        shape(
-            saved.record,
-            companion=companions.get(saved.record.filename),
-            in_upload_response=True,
-            duplicate_of=saved.duplicate_of,
-        )
-        for saved in result.files
-    ]
-    body = {
-        "success": result.success,
-        "files": files,
-        "message": result.message,
-        "skipped_files": result.skipped_files,
-        "rejected_files": [_rejection(rejected) for rejected in result.rejected_files],
-        **({"extracted": extracted_entries(accepted)} if accepted.extractions else {}),
-    }
-    if result.infected and not result.files:
-        # Nothing stored and the scanner is why: 422 (the content was understood and
-        # refused for what it holds), with DeerFlow's body and a `detail` for its clients.
-        # When clean parts of the request were stored, 200 with `success: false`, as for
-        # a part refused for its name.
-        body["detail"] = "; ".join(
-            f"{r.filename}: the virus scanner found {r.found}" for r in result.infected
-        )
-        return body, 422
-    return body
-
-
-def _rejection(rejected: RejectedFile) -> dict[str, str]:
-    """A refused part; `found` (the signature) only when the virus scanner refused it."""
-    entry = {"filename": rejected.filename, "reason": rejected.reason}
-    if rejected.found is not None:
-        entry["found"] = rejected.found
-    return entry
-
-
-def extracted_entries(accepted: AcceptedUploads) -> list[dict[str, Any]]:
-    """The `extracted` list of an upload answer (`uploads.extract_archives`)."""
-    entries = []
-    for extraction in accepted.extractions:
-        if isinstance(extraction, tuple):
-            archive, reason = extraction
-            entries.append(
-                {"archive": archive, "folder": None, "files": [], "refused": [], "error": reason}
-            )
-        else:
-            entries.append(extraction.as_dict())
-    return entries
+    body = _formatter().upload_response(accepted.result, accepted.companions, accepted.extractions)
+    # Nothing stored and the virus scanner is why: 422 (the content was understood and
+    # refused for what it holds), with DeerFlow's body and a `detail`. When clean parts of
+    # the request were stored, 200 with `success: false`, as for a part refused for its name.
+    return (body, 422) if "detail" in body else body
 
 
 @bp.get("/threads/<thread_id>/uploads/limits")

@@ -34,8 +34,8 @@ from deerflow_web.web.chat.forms import ChatUploadForm
 from deerflow_web.web.chat.forms import ToolPreviewForm
 from deerflow_web.web.extensions import csrf
 from deerflow_web.web.files.forms import CsrfOnlyForm
+from deerflow_web.web.marks import thread_may_be_new
 from deerflow_web.web.thread_access import current_thread
-from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.uploads import save_form_files
 from deerflow_web.web.wiring import get_chat_preview_service
 from deerflow_web.web.wiring import get_services

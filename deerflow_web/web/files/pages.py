@@ -8,7 +8,6 @@ Views unwrap the request, call a service and render; the rules live in the servi
 from __future__ import annotations
 
 from functools import partial
-from urllib.parse import urlsplit
 
 from flask import Blueprint
 from flask import abort
@@ -57,9 +56,11 @@ from deerflow_web.web.files.forms import ThreadTitleForm
 from deerflow_web.web.files.forms import UploadForm
 from deerflow_web.web.i18n import LANG_COOKIE
 from deerflow_web.web.i18n import LANGUAGES
+from deerflow_web.web.marks import public
+from deerflow_web.web.marks import thread_may_be_new
 from deerflow_web.web.messages import describe_error
+from deerflow_web.web.security import safe_next
 from deerflow_web.web.thread_access import current_thread
-from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.uploads import flash_form_errors
 from deerflow_web.web.transport.uploads import save_form_files
 from deerflow_web.web.wiring import current_owner
@@ -456,23 +457,12 @@ def preview_file(path: str) -> str:
     )
 
 
-def _safe_next(target: str | None) -> str:
-    """A same-site path to return to; anything else (another host, `//x`) goes home."""
-    if not target:
-        return url_for("pages.index")
-    parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
-        return url_for("pages.index")
-    if "\\" in target:
-        return url_for("pages.index")
-    return target
-
-
 @bp.get("/language/<code>")
+@public
 def set_language(code: str) -> ResponseReturnValue:
     """Remember the chosen language in a cookie and go back to the page it was chosen on."""
     if code not in LANGUAGES:
         abort(404)
-    response = redirect(_safe_next(request.args.get("next")))
+    response = redirect(safe_next(request.args.get("next"), url_for("pages.index")))
     response.set_cookie(LANG_COOKIE, code, max_age=LANG_COOKIE_AGE, samesite="Lax", httponly=True)
     return response

@@ -3,10 +3,11 @@
 Werkzeug's `request.files` writes every file to a temporary file and `save()` copies it a
 second time; even its sans-IO decoder copies each chunk three times on the way through.
 Uploads are the hot path here, so this reader reads the request body chunk by chunk into
-one reused buffer (see request_body.py), scans each chunk for the part delimiter in place
-and hands the file data on as memoryview slices of that buffer: the upload service hashes
-them and writes them to the staging file with no copy in Python. Only the small part
-headers are parsed the ordinary way.
+one reused buffer (see request_body.py), has the scanner (multipart_scanner.py, no I/O)
+find the part delimiters in it in place and hands the file data on as memoryview slices
+of that buffer: the upload service hashes them and writes them to the staging file with
+no copy in Python. This module owns the I/O: the buffers, the turns given to other
+greenlets, the body limit and what the hashing may rely on.
 
 The buffer starts small and grows to a megabyte only for a client that keeps it full, and
 only while fewer than `LARGE_BUFFERS` such buffers exist in the process: hundreds of slow
@@ -23,7 +24,6 @@ import weakref
 from collections import deque
 from collections.abc import Iterator
 
-from werkzeug.datastructures import Headers
 from werkzeug.http import parse_options_header
 from werkzeug.wrappers import Request
 
@@ -33,6 +33,12 @@ from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import MissingFilesField
 from deerflow_web.errors import TotalTooLarge
 from deerflow_web.models import IncomingFile
+from deerflow_web.web.transport.multipart_scanner import END
+from deerflow_web.web.transport.multipart_scanner import MAX_HEADER_BYTES
+from deerflow_web.web.transport.multipart_scanner import NEED_DATA
+from deerflow_web.web.transport.multipart_scanner import Data
+from deerflow_web.web.transport.multipart_scanner import MultipartScanner
+from deerflow_web.web.transport.multipart_scanner import PartStart
 from deerflow_web.web.transport.request_body import CUT_OFF
 from deerflow_web.web.transport.request_body import RequestBody
 from deerflow_web.web.transport.request_body import WsgiBody
@@ -41,7 +47,6 @@ from deerflow_web.web.transport.request_body import request_body
 READ_SIZE = 1024 * 1024  # a fast client's chunk
 SMALL_READ_SIZE = 64 * 1024  # every upload's first chunk, and a slow client's for good
 LARGE_BUFFERS = 16  # megabyte chunks alive at once per process
-MAX_HEADER_BYTES = 16 * 1024
 MAX_FIELD_BYTES = 64 * 1024  # small form fields such as `on_conflict`
 # All text fields of one body together: the app reads two (`on_conflict`, the CSRF token),
 # so this bounds the memory a body of many fields can take, whatever the upload limits.
@@ -112,12 +117,13 @@ large_buffers = LargeBuffers(LARGE_BUFFERS)
 
 
 class BodyReader:
-    """Reads the request body in large chunks and finds the delimiters between parts.
+    """Reads the request body in large chunks into reused buffers and feeds them to the
+    scanner (multipart_scanner.py), which finds the delimiters between parts.
 
-    `_buffer[_position:_end]` is what has been read but not yet handed out. Each chunk is
-    read into one buffer that is reused for the whole request, and file data is handed out
-    as views into it: a piece is valid until the next read. Only the few bytes that might
-    begin a delimiter are carried over into the next chunk, copied before it is read.
+    Each chunk is read into one buffer that is reused for the whole request, and file data
+    is handed out as the scanner's views into it: a piece is valid until the next read
+    (or the one after it, see `piece_outlives_next_read`). The scanner copies the few bytes
+    it carries over before it asks for more, so the next read may overwrite the buffer.
 
     Every byte read counts against `max_length`, whatever part it belongs to (file data,
     fields, part headers, parts that are skipped), so a body of endless small fields or
@@ -128,16 +134,26 @@ class BodyReader:
         self._body = body
         self._max_length = max_length
         self.bytes_read = 0
-        self._delimiter = b"\r\n--" + boundary
+        self._scanner = MultipartScanner(boundary, MAX_HEADER_BYTES)
         self._chunk = bytearray(SMALL_READ_SIZE)
         self._wants_large = False
         self._spare: bytearray | None = None  # the other buffer, read into in turn
         self._lent = False  # whether a piece was handed out since `_chunk` was filled
         self._turn = Turn()
-        # The body may start with the delimiter itself; a virtual CRLF makes that uniform.
-        self._buffer: bytes | bytearray = b"\r\n"
-        self._position = 0
-        self._end = 2
+
+    def next_event(self) -> PartStart | Data | object:
+        """The scanner's next event (never `NEED_DATA`: the body is read until there is one)."""
+        scanner = self._scanner
+        while (event := scanner.next_event()) is NEED_DATA:
+            count = self._read_chunk()  # may move to another buffer: `_chunk` only after it
+            scanner.feed(self._chunk, count)
+        if type(event) is Data:
+            self._lent = True  # (also for a piece the scanner copied: harmless)
+        return event
+
+    def read_data(self) -> Data:
+        """The next piece of the current part's data, and whether the part ends with it."""
+        return self.next_event()  # type: ignore[return-value] - a part's data follows its start
 
     def _read_chunk(self) -> int:
         """Read into the chunk buffer until it is full or the body ends; return the count.
@@ -145,7 +161,6 @@ class BodyReader:
         Full chunks keep the number of writes and hash updates per megabyte small however
         the server's reads happen to be cut. A small chunk filled by one read means the
         client sends faster than we read: the next chunk is a large one, if one is free.
-        Callers have copied whatever they still need from the old chunk.
         """
         if self._wants_large:
             self._wants_large = False
@@ -194,97 +209,6 @@ class BodyReader:
         """
         return self._spare is not None
 
-    def _rest(self) -> bytes | bytearray:
-        """A copy of what is left, safe from the next read into the chunk buffer."""
-        return self._buffer[self._position : self._end]
-
-    def _fill(self) -> None:
-        """Append the next chunk of the body to what is left."""
-        rest = self._rest()
-        count = self._read_chunk()
-        if rest:
-            self._buffer = rest + memoryview(self._chunk)[:count]
-            self._end = len(self._buffer)
-        else:
-            self._buffer, self._end = self._chunk, count
-        self._position = 0
-
-    def _cross_seam(self) -> tuple[memoryview, bool] | None:
-        """Read the next chunk when fewer bytes are left than a delimiter has.
-
-        Those bytes either begin a delimiter that the new chunk completes, or are plain data;
-        checking the seam between them decides which, without copying the new chunk onto
-        the old bytes (that copy cost as much as the delimiter search itself).
-        """
-        rest = self._rest()
-        count = self._read_chunk()
-        if count < len(self._delimiter):  # a tiny read: just join and look again
-            self._buffer = rest + self._chunk[:count]
-            self._position, self._end = 0, len(self._buffer)
-            return None
-        self._buffer, self._position, self._end = self._chunk, 0, count
-        at = (rest + self._chunk[: len(self._delimiter)]).find(self._delimiter)
-        if 0 <= at < len(rest):
-            self._position = at + len(self._delimiter) - len(rest)
-            return memoryview(rest)[:at], True
-        return (memoryview(rest), False) if rest else None
-
-    def read_data(self) -> tuple[memoryview, bool]:
-        """The next piece of the current part's data, and whether the part ends with it."""
-        keep = len(self._delimiter) - 1
-        while True:
-            buffer, position, end = self._buffer, self._position, self._end
-            at = buffer.find(self._delimiter, position, end)
-            if at >= 0:
-                self._position = at + len(self._delimiter)
-                self._lent = True  # (also when `buffer` is a joined copy: harmless)
-                return memoryview(buffer)[position:at], True
-            safe = end - keep  # the last bytes might begin a delimiter
-            if safe > position:
-                self._position = safe
-                self._lent = True
-                return memoryview(buffer)[position:safe], False
-            if (piece := self._cross_seam()) is not None:
-                return piece
-
-    def read_until(self, marker: bytes, limit: int) -> bytes:
-        """The bytes up to `marker`, which is consumed too (for part headers)."""
-        while True:
-            at = self._buffer.find(marker, self._position, self._end)
-            if at >= 0:
-                found = bytes(self._buffer[self._position : at])
-                self._position = at + len(marker)
-                return found
-            if self._end - self._position > limit:
-                raise MalformedUpload("A part header of the upload is too large")
-            self._fill()
-
-    def after_delimiter(self) -> bool:
-        """After a delimiter: True if another part follows, False at the closing `--`."""
-        while self._end - self._position < 2:
-            self._fill()
-        if self._buffer[self._position : self._position + 2] == b"--":
-            return False
-        self.read_until(b"\r\n", MAX_HEADER_BYTES)  # optional padding, then CRLF
-        return True
-
-    def begin_data(self) -> None:
-        """Step over the blank line that ends a part's headers.
-
-        Its CRLF may double as the CRLF of the delimiter when the part is empty (Werkzeug's
-        own client writes empty parts that way), so it is kept in that one case.
-        """
-        self._position -= 2
-        while self._end - self._position < len(self._delimiter):
-            self._fill()
-        if not self._buffer.startswith(self._delimiter, self._position, self._end):
-            self._position += 2
-
-    def skip_preamble(self) -> None:
-        """Everything before the first delimiter is ignored (RFC 2046)."""
-        while not self.read_data()[1]:
-            pass
-
 
 class _PartStream:
     """The body of one part, read lazily from the shared body reader."""
@@ -332,9 +256,9 @@ class MultipartReader:
 
     def __iter__(self) -> Iterator[IncomingFile]:
         seen_files = False
-        self._body.skip_preamble()
-        while self._body.after_delimiter():
-            headers = self._headers()
+        while (event := self._body.next_event()) is not END:
+            assert type(event) is PartStart  # the scanner's order (multipart_scanner.py)
+            headers = event.headers
             disposition = headers.get("Content-Disposition")
             if disposition is None:
                 raise MalformedUpload("A part of the upload has no Content-Disposition header")
@@ -356,17 +280,6 @@ class MultipartReader:
             part.drain()
         if not seen_files:
             raise MissingFilesField()
-
-    def _headers(self) -> Headers:
-        raw = self._body.read_until(b"\r\n\r\n", MAX_HEADER_BYTES)
-        headers = Headers()
-        for line in raw.decode("utf-8", "replace").split("\r\n"):
-            key, colon, value = line.partition(":")
-            if not colon:
-                raise MalformedUpload("A part header of the upload is malformed")
-            headers.add(key.strip(), value.strip())
-        self._body.begin_data()
-        return headers
 
     @staticmethod
     def _read_field(part: _PartStream) -> str:

@@ -25,7 +25,7 @@ this subclass puts them back:
   few seconds is never silent). `_Pace` watches each request's body: after a grace period
   it must have brought `min_body_rate_bytes` per second over the last window, else the
   read raises `BodyTooSlow`, the app answers 408 and the connection is closed. The routes
-  reached before signing in (`auth.PUBLIC_ENDPOINTS`: sign-in, setup, registration) get
+  reached before signing in (views marked `public`: sign-in, setup, registration) get
   a deadline for headers and body together and a small body (`server.unauthenticated_*`):
   a larger one is refused with 413 before a byte of it is read.
 - **a cap per client address** (`server.max_connections_per_address`): one address may
@@ -306,9 +306,7 @@ class Worker(GeventWorker):
             self.trusted_proxies = settings.trusted_proxies
         url_map = getattr(self.wsgi, "url_map", None)
         self._routes = url_map.bind("localhost") if url_map is not None else None
-        from deerflow_web.web.accounts.gate import PUBLIC_ENDPOINTS  # the app is loaded by now
-
-        self._public_endpoints = PUBLIC_ENDPOINTS
+        self._public_endpoints = _public_endpoints(self.wsgi)
 
     def run(self) -> None:
         ggevent.StreamServer = _AcceptingServer  # the name GeventWorker.run builds servers from
@@ -421,6 +419,17 @@ class Worker(GeventWorker):
         self._open_by_address[address] -= 1
         if self._open_by_address[address] <= 0:
             del self._open_by_address[address]
+
+
+def _public_endpoints(app: object) -> frozenset[str]:
+    """The endpoints of the app's views marked `public` (web/marks.py), once it is loaded."""
+    view_functions = getattr(app, "view_functions", None)
+    if view_functions is None:
+        return frozenset()
+    from deerflow_web.web.marks import PUBLIC  # imports Flask: only once the app is loaded
+    from deerflow_web.web.marks import endpoint_has
+
+    return frozenset(endpoint for endpoint in view_functions if endpoint_has(app, endpoint, PUBLIC))
 
 
 def _peer_address(addr: object) -> str:

@@ -19,23 +19,19 @@ from urllib.parse import quote
 
 import pytest
 from flask.testing import FlaskClient
-from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.messages import HumanMessage
 from langchain_core.messages import ToolMessage
-from langgraph.checkpoint.memory import InMemorySaver
 
-from deerflow_web.agent import make_file_tools
-from deerflow_web.agent import make_upload_middleware
 from deerflow_web.errors import UnsafeFilename
 from deerflow_web.services.prompt.untrusted import escape_controls
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags
 from deerflow_web.storage.filenames import normalize_filename
-from tests.agent.test_loop import AgentContext
-from tests.agent.test_loop import RecordingToolModel
 from tests.helpers import USER_ID
 from tests.helpers import UploadActions
 from tests.helpers import uploads_dir
+from tests.support.agent_helpers import RecordingToolModel
+from tests.support.agent_helpers import file_agent
 
 # One representative of every refused class, with the words its reason must hold.
 REFUSED = [
@@ -267,13 +263,7 @@ def test_the_agent_sees_an_on_disk_name_as_one_entry(base_dir: Path) -> None:
             ]
         )
     )
-    agent = create_agent(
-        model,
-        tools=make_file_tools(base_dir=base_dir),
-        middleware=make_upload_middleware(base_dir=base_dir),
-        context_schema=AgentContext,
-        checkpointer=InMemorySaver(),
-    )
+    agent = file_agent(model, base_dir)
     message = HumanMessage(
         "what is it?", id="h1", additional_kwargs={"files": [{"filename": name, "size": 6}]}
     )

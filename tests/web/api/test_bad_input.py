@@ -18,8 +18,8 @@ from deerflow_web.web.errors import MALFORMED_BODY
 from deerflow_web.web.errors import NAME_TOO_LONG
 from tests.helpers import UploadActions
 from tests.helpers import uploads_dir
+from tests.support.live_server import RAW_HOST
 from tests.support.live_server import start_server
-from tests.system.test_robustness import HOST as RAW_HOST
 
 HOST = RAW_HOST.encode()  # Host (and, with accounts on, the test token) of raw requests
 

@@ -25,10 +25,10 @@ from deerflow_web.web.transport.multipart import MultipartReader
 from deerflow_web.web.transport.multipart import upload_body_limit
 from deerflow_web.web.transport.request_body import WsgiBody
 from tests.helpers import uploads_dir
+from tests.support.live_server import RAW_HOST
+from tests.support.live_server import http
+from tests.support.live_server import read_response
 from tests.support.live_server import start_server
-from tests.system.test_robustness import HOST
-from tests.system.test_robustness import http
-from tests.system.test_robustness import read_response
 
 MAX_TOTAL = 256 * 1024
 FIELD = b"f" * 64_000  # just under the 64 KiB a single field may hold
@@ -193,7 +193,7 @@ def test_a_chunked_body_of_fields_is_cut_short_under_gunicorn(tmp_path: Path, na
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(
                 b"POST /api/threads/T/uploads HTTP/1.1\r\n"
-                + HOST.encode()
+                + RAW_HOST.encode()
                 + b"Content-Type: multipart/form-data; boundary=B\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n"
             )

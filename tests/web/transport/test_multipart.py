@@ -73,6 +73,16 @@ def test_random_bodies_in_random_reads(seed: int, monkeypatch: pytest.MonkeyPatc
         assert reader.fields == {"on_conflict": "rename"}
 
 
+@pytest.mark.parametrize("spare", (False, True))
+def test_large_bodies_through_every_buffer(spare: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full reads move the reader to megabyte buffers (two in turn on an event loop)."""
+    monkeypatch.setattr(multipart, "on_event_loop", lambda: spare)
+    rng = random.Random(7)
+    files = [(f"{i}.bin", rng.randbytes(size)) for i, size in enumerate((3 << 20, 70_000, 0, 1))]
+    reader = MultipartReader(io.BytesIO(encode(b"B0undary", files, {})), b"B0undary")
+    assert read_all(reader) == files
+
+
 def test_unread_parts_are_skipped() -> None:
     body = encode(b"XYZ", [("a.txt", b"a" * 5000), ("b.txt", b"bee")], {})
     names = [f.filename for f in MultipartReader(io.BytesIO(body), b"XYZ")]
