@@ -14,6 +14,9 @@ from deerflow_web.agent.tools import make_glob_tool
 from deerflow_web.agent.tools import make_grep_tool
 from deerflow_web.agent.tools import make_list_uploaded_files_tool
 from deerflow_web.agent.tools import make_read_file_tool
+from deerflow_web.agent.tools import make_view_image_tool
+from deerflow_web.agent.vision import model_accepts_images
+from deerflow_web.agent.vision import vision_enabled
 
 __all__ = [
     "ThreadDataMiddleware",
@@ -24,4 +27,7 @@ __all__ = [
     "make_list_uploaded_files_tool",
     "make_read_file_tool",
     "make_upload_middleware",
+    "make_view_image_tool",
+    "model_accepts_images",
+    "vision_enabled",
 ]

@@ -1,4 +1,5 @@
-"""LangChain tools over the thread's files: `list_uploaded_files`, `read_file`, `glob`, `grep`.
+"""LangChain tools over the thread's files: `list_uploaded_files`, `read_file`, `glob`, `grep`,
+and `view_image` for a model that accepts pictures (`agent/vision.py`).
 
 The model never chooses the thread. Each tool takes a `runtime` argument that is hidden
 from the model's schema (`InjectedToolArg`); LangChain's `ToolNode` fills it with a
@@ -39,9 +40,12 @@ from deerflow_web.agent.runtime import thread_id_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import list_records
+from deerflow_web.agent.vision import image_limits_for
+from deerflow_web.agent.vision import vision_enabled
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.models import ImageLimits
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.prompt.document_text import DocumentTexts
 from deerflow_web.services.prompt.file_access import FileToolFailure
@@ -392,6 +396,61 @@ def make_grep_tool(
     return grep
 
 
+def make_view_image_tool(
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    paths: ThreadPaths | None = None,
+    upload_service: UploadLister | None = None,
+    image_limits: ImageLimits | None = None,
+    require_user: bool | None = None,
+) -> BaseTool:
+    """Build `view_image`: look at a picture of the thread (offered only with vision on).
+
+    The tool message holds a short text and the picture as an image block, decoded,
+    turned upright, shrunk and stripped like the pictures of a message
+    (`services/prompt/images.py`); SVG, other files and paths outside the thread are
+    refused with a message.
+
+    Args:
+        base_dir: Data root; None uses the app's settings.
+        paths: A ready `ThreadPaths` (wins over base_dir).
+        upload_service: Source of upload records (hard-linked uploads must be listed).
+        image_limits: Edge and pixel limits; None uses `agent.image_*` from the app's
+            settings when they are used, else the defaults.
+        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+            follows the app's settings when they are used, else False.
+    """
+    uses_app_settings = base_dir is None and paths is None
+    needs_user = auth_required(require_user, uses_app_settings)
+    thread_paths = resolve_thread_paths(base_dir, paths)
+    limits = image_limits_for(image_limits, uses_app_settings=uses_app_settings)
+
+    @tool(parse_docstring=True)
+    def view_image(
+        path: str,
+        runtime: Annotated[Any, InjectedToolArg] = None,
+    ) -> list[dict[str, Any]]:
+        """Look at a picture of this conversation, such as one uploaded in an earlier turn.
+
+        Pictures attached to the current message are already shown with it.
+
+        Args:
+            path: Absolute virtual path, such as /mnt/user-data/uploads/photo.jpg.
+        """
+        return _in_thread(
+            thread_paths,
+            runtime,
+            "view",
+            path,
+            lambda files: files.view_image(path, limits),
+            lister=upload_service,
+            require_user=needs_user,
+        )
+
+    view_image.handle_tool_error = True
+    return view_image
+
+
 def make_file_tools(
     *,
     base_dir: str | os.PathLike[str] | None = None,
@@ -400,8 +459,12 @@ def make_file_tools(
     conversion_jobs: ConversionJobs | None = None,
     read_wait_seconds: float | None = None,
     require_user: bool | None = None,
+    vision: bool | None = None,
+    model: Any = None,
+    image_limits: ImageLimits | None = None,
 ) -> list[BaseTool]:
-    """All four tools, sharing one `ThreadPaths` and one set of conversion jobs.
+    """The four file tools (and `view_image` with vision), sharing one `ThreadPaths` and
+    one set of conversion jobs.
 
     Args:
         base_dir: Data root; None uses the app's settings.
@@ -414,8 +477,13 @@ def make_file_tools(
             uses `agent.read_conversion_wait_seconds`.
         require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
             follows the app's settings when they are used, else False.
+        vision: True or False offers `view_image` or not; None follows `agent.vision`
+            (app settings only), and `auto` asks `model`'s profile.
+        model: The chat model, for `auto`.
+        image_limits: `view_image`'s limits; None: `agent.image_*` or the defaults.
     """
-    needs_user = auth_required(require_user, base_dir is None and paths is None)
+    uses_app_settings = base_dir is None and paths is None
+    needs_user = auth_required(require_user, uses_app_settings)
     thread_paths = resolve_thread_paths(base_dir, paths)
     documents = DocumentSource(
         thread_paths,
@@ -423,7 +491,7 @@ def make_file_tools(
         conversion_jobs=conversion_jobs,
         wait_seconds=read_wait_seconds,
     )
-    return [
+    tools = [
         make_list_uploaded_files_tool(
             upload_service=upload_service, paths=thread_paths, require_user=needs_user
         ),
@@ -441,3 +509,13 @@ def make_file_tools(
             require_user=needs_user,
         ),
     ]
+    if vision_enabled(vision, model, uses_app_settings=uses_app_settings):
+        tools.append(
+            make_view_image_tool(
+                paths=thread_paths,
+                upload_service=upload_service,
+                image_limits=image_limits_for(image_limits, uses_app_settings=uses_app_settings),
+                require_user=needs_user,
+            )
+        )
+    return tools

@@ -27,14 +27,20 @@ import regex
 from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
+from deerflow_web.errors import ImageNotUsable
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import ImageLimits
 from deerflow_web.services.files.artifacts import is_foreign_upload
 from deerflow_web.services.prompt.document_text import DocumentNotReadable
 from deerflow_web.services.prompt.document_text import DocumentStillConverting
 from deerflow_web.services.prompt.document_text import DocumentTexts
 from deerflow_web.services.prompt.document_text import is_document_name
 from deerflow_web.services.prompt.document_text import misnamed_document
+from deerflow_web.services.prompt.images import encode_image
+from deerflow_web.services.prompt.images import is_image_name
+from deerflow_web.services.prompt.images import is_svg_name
+from deerflow_web.services.prompt.images import view_image_content
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
@@ -604,3 +610,39 @@ class UserDataFiles:
             yield WalkedFile(self._virtual(real), real, real.name)
             return
         yield from self.walk(self._directory(virtual_path))
+
+    def existing_file(self, virtual_path: str) -> Path:
+        """The host path of a regular file of the thread, checked as `read` checks it.
+
+        Raises:
+            FileAccessError: Missing, a staging file, a foreign hard link, a directory or
+                not a regular file.
+            ArtifactError: The path is outside /mnt/user-data or escapes it.
+        """
+        shown_path = neutralize(virtual_path)
+        real = self.resolve(virtual_path)
+        if not real.exists() or is_staging_name(real.name):
+            raise FileAccessError(f"File not found: {shown_path}")
+        if real.is_dir():
+            raise FileAccessError(f"{shown_path} is a directory, not a file.")
+        if not real.is_file():
+            raise FileAccessError(f"{shown_path} is not a regular file.")
+        if self._foreign(real):
+            raise FileAccessError(f"File not found: {shown_path}")
+        return real
+
+    def view_image(self, virtual_path: str, limits: ImageLimits) -> list[dict[str, Any]]:
+        """What `view_image` returns: a short text and the picture's image block.
+
+        Raises:
+            ImageNotUsable: Not a raster picture, an SVG, too many pixels, damaged.
+            FileAccessError, ArtifactError: As `existing_file`.
+        """
+        shown_path = neutralize(virtual_path)
+        real = self.existing_file(virtual_path)
+        if not is_image_name(real.name) and not is_svg_name(real.name):
+            raise ImageNotUsable(
+                f"{shown_path} is not a picture (JPEG, PNG, GIF, WebP, BMP or TIFF); "
+                "use read_file for other files."
+            )
+        return view_image_content(encode_image(real, limits, label=shown_path), shown_path)
