@@ -47,7 +47,9 @@ class Services:
         )
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.intake = UploadIntake(self.uploads, self.conversions)
-        self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
+        self.chat_previews: ChatPreviewService = make_chat_preview_service(
+            self.uploads, image_limits=settings.agent.images
+        )
         self.tool_previews = ToolPreviewService(
             self.conversions, settings.agent.read_conversion_wait_seconds
         )

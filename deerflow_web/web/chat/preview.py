@@ -63,6 +63,14 @@ def _selected(turns: Sequence[PreviewTurn], turn_id: int | None) -> int | None:
     return len(turns) - 1 if turns else None
 
 
+def _vision_default(turns: Sequence[PreviewTurn]) -> bool:
+    """Tick "the model accepts pictures" as the last turn did, else as `agent.vision`
+    says (`auto` cannot ask a model here, so it starts unticked)."""
+    if turns:
+        return turns[-1].vision
+    return get_services().settings.agent.vision is True
+
+
 def _tool_form(records: Sequence[UploadRecord], form: ToolPreviewForm | None) -> ToolPreviewForm:
     """The tools panel's form, offering the thread's uploads and the whole folder."""
     form = form or ToolPreviewForm(formdata=None)
@@ -80,8 +88,13 @@ def _render(
     tool_form: ToolPreviewForm | None = None,
     tool_preview: ToolPreview | None = None,
 ) -> ResponseReturnValue:
-    records = get_upload_service().list_uploads(thread_id, current_user_id())
+    user_id = current_user_id()
+    records = get_upload_service().list_uploads(thread_id, user_id)
     index = _selected(turns, request.args.get("turn", type=int))
+    selected = turns[index] if index is not None else None
+    pictures = []
+    if selected is not None and selected.pictures:
+        pictures = get_chat_preview_service().pictures(thread_id, selected, user_id)
     page = render_template(
         "pages/chat_preview.html",
         thread_id=thread_id,
@@ -93,7 +106,9 @@ def _render(
         groups=build_listing(records).groups,
         turns=turns,
         index=index,
-        selected=turns[index] if index is not None else None,
+        selected=selected,
+        pictures=pictures,
+        vision_setting=get_services().settings.agent.vision,
     )
     return page, status
 
@@ -108,6 +123,7 @@ def chat_preview(thread_id: str) -> ResponseReturnValue:
         formdata=None,
         mode=turns[-1].mode if turns else "current",  # stepping through a mode is the usual
         attach=request.args.getlist("attach"),
+        vision=_vision_default(turns),
     )
     return _render(thread_id, form, turns)
 
@@ -126,7 +142,9 @@ def preview_message(thread_id: str) -> ResponseReturnValue:
     # Browsers send a textarea's line breaks as CRLF; a chat client sends "\n".
     text = (form.message.data or "").replace("\r\n", "\n")
     attached = [name for name in form.attach.data or [] if name]
-    turn = service.preview(thread_id, text, attached, form.mode.data, current_user_id())
+    turn = service.preview(
+        thread_id, text, attached, form.mode.data, current_user_id(), vision=bool(form.vision.data)
+    )
     get_services().threads.create(current_user_id(), thread_id)  # after it succeeded
     return _back(thread_id, turn=turn.turn_id, _anchor="result")
 
@@ -138,7 +156,11 @@ def preview_tool(thread_id: str) -> ResponseReturnValue:
     validate_thread_id(thread_id)
     user_id = current_user_id()
     turns = get_chat_preview_service().history(thread_id, user_id)
-    compose = ChatPreviewForm(formdata=None, mode=turns[-1].mode if turns else "current")
+    compose = ChatPreviewForm(
+        formdata=None,
+        mode=turns[-1].mode if turns else "current",
+        vision=_vision_default(turns),
+    )
     form = ToolPreviewForm()
     if not form.validate_on_submit():
         return _render(thread_id, compose, turns, 422, tool_form=form)
