@@ -29,11 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from typing import BinaryIO
 
 from PIL import Image
 from PIL import ImageOps
 from PIL import UnidentifiedImageError
 
+from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import ImageNotUsable
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
 from deerflow_web.models import ImageLimits
@@ -57,6 +59,7 @@ SVG_EXTENSIONS = frozenset({".svg", ".svgz"})
 # text stays legible. Photos (JPEG, WebP, TIFF scans) are sent as JPEG.
 _LOSSLESS_SOURCES = frozenset({"PNG", "GIF", "BMP"})
 _JPEG_QUALITY = 85
+_SNIFF_BYTES = 512
 _SVG_HEAD = (b"<svg", b"<?xml", b"<!doctype svg")
 
 SVG_REFUSED = (
@@ -146,7 +149,7 @@ def _has_alpha(image: Image.Image) -> bool:
     )
 
 
-def _open(handle: io.BufferedIOBase, shown: str, limits: ImageLimits) -> Image.Image:
+def _open(handle: BinaryIO, shown: str, limits: ImageLimits) -> Image.Image:
     """Open (header only) a raster picture; refuse anything else or too many pixels."""
     try:
         with warnings.catch_warnings():
@@ -216,10 +219,16 @@ def encode_image_bytes(
     Raises:
         ImageNotUsable: SVG, not a supported raster format, too many pixels, or damaged.
     """
-    if _looks_like_svg(data[:512]):
+    return _encode_stream(io.BytesIO(data), limits, label)
+
+
+def _encode_stream(handle: BinaryIO, limits: ImageLimits, label: str) -> EncodedImage:
+    """Encode from a seekable stream, read only as far as Pillow needs (header first)."""
+    if _looks_like_svg(handle.read(_SNIFF_BYTES)):
         raise ImageNotUsable(SVG_REFUSED.format(path=label))
+    handle.seek(0)
     max_edge = max(limits.max_edge, MIN_MAX_EDGE)
-    source = _open(io.BytesIO(data), label, limits)
+    source = _open(handle, label, limits)
     try:
         source_format = source.format or "unknown"
         try:
@@ -252,6 +261,9 @@ def encode_image(
 ) -> EncodedImage:
     """`encode_image_bytes` for a file; an SVG name is refused without reading it.
 
+    The file is read as Pillow goes (a refused header costs a few bytes), and the work
+    runs off the event loop: decoding and resizing a large photo takes a while.
+
     Raises:
         ImageNotUsable: See `encode_image_bytes`.
         OSError: The file cannot be read.
@@ -259,7 +271,12 @@ def encode_image(
     shown = label if label is not None else neutralize(path.name)
     if is_svg_name(path.name):
         raise ImageNotUsable(SVG_REFUSED.format(path=shown))
-    return encode_image_bytes(path.read_bytes(), limits, label=shown)
+    return off_loop(_encode_file, path, limits, shown)
+
+
+def _encode_file(path: Path, limits: ImageLimits, label: str) -> EncodedImage:
+    with path.open("rb") as handle:
+        return _encode_stream(handle, limits, label)
 
 
 @dataclass(frozen=True)
