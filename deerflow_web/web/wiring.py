@@ -51,7 +51,9 @@ class Services:
             self.uploads, image_limits=settings.agent.images
         )
         self.tool_previews = ToolPreviewService(
-            self.conversions, settings.agent.read_conversion_wait_seconds
+            self.conversions,
+            settings.agent.read_conversion_wait_seconds,
+            settings.agent.images,
         )
         self.resumable: ResumableUploadService = make_resumable_service(
             self.intake,

@@ -58,7 +58,7 @@ class ChatUploadForm(PageForm):
 
 def tool_choices() -> list[tuple[str, object]]:
     """The file tools whose answers the tools panel shows."""
-    return [("read_file", "read_file"), ("grep", "grep")]
+    return [("read_file", "read_file"), ("grep", "grep"), ("view_image", "view_image")]
 
 
 class ToolPreviewForm(PageForm):

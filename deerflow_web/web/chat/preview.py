@@ -152,7 +152,7 @@ def preview_message(thread_id: str) -> ResponseReturnValue:
 @bp.post("/threads/<thread_id>/chat/tools")
 @thread_may_be_new
 def preview_tool(thread_id: str) -> ResponseReturnValue:
-    """Show what `read_file` or `grep` returns to the model for the chosen file."""
+    """Show what `read_file`, `grep` or `view_image` returns to the model for the chosen file."""
     validate_thread_id(thread_id)
     user_id = current_user_id()
     turns = get_chat_preview_service().history(thread_id, user_id)
@@ -168,6 +168,8 @@ def preview_tool(thread_id: str) -> ResponseReturnValue:
     path = form.path.data or VIRTUAL_UPLOADS_DIR
     if form.tool.data == "grep":
         preview = service.grep(thread_id, form.pattern.data or "", path, user_id=user_id)
+    elif form.tool.data == "view_image":
+        preview = service.view_image(thread_id, path, user_id=user_id)
     else:
         preview = service.read_file(
             thread_id, path, form.start_line.data, form.end_line.data, user_id=user_id

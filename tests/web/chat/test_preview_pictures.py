@@ -192,3 +192,44 @@ def test_svg_alone_gets_its_note_and_no_block(app: Flask, client: FlaskClient) -
     assert "is never rendered here" in html
     encoded = base64.b64encode(SVG).decode()
     assert encoded not in html
+
+
+def test_the_tools_panel_shows_what_view_image_returns(
+    app: Flask, client: FlaskClient, pictures: list[str], base_dir: Path
+) -> None:
+    from deerflow_web.agent import make_view_image_tool
+    from tests.support.agent_helpers import make_runtime
+
+    tool = make_view_image_tool(base_dir=base_dir)
+    runtime = make_runtime({"thread_id": T, "user_id": USER_ID})
+    path = "/mnt/user-data/uploads/photo.jpg"
+    response = client.post(f"{CHAT}/tools", data={"tool": "view_image", "path": path})
+    assert response.status_code == 200
+    page = text(response)
+    expected = tool.invoke({"path": path, "runtime": runtime})
+    picture = re.search(r'id="tool-picture" src="data:image/jpeg;base64,([^"]+)"', page)
+    assert picture is not None and picture.group(1) == expected[1]["base64"]
+    answer = re.search(r'id="tool-answer"[^>]*>(.*?)</pre>', page, re.DOTALL)
+    assert answer is not None
+    assert "1568×784 px, JPEG, resized from 3000×1500" in html_lib.unescape(answer.group(1))
+    assert expected[1]["base64"] not in answer.group(1)  # elided in the text
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [
+        ("/mnt/user-data/uploads/notes.txt", "not a picture"),
+        ("/mnt/user-data/uploads/logo.svg", "never rendered here"),
+        ("/mnt/user-data/uploads/gone.png", "File not found"),
+        ("/etc/passwd", "/mnt/user-data"),
+    ],
+)
+def test_the_tools_panel_shows_view_images_refusals(
+    client: FlaskClient, pictures: list[str], path: str, words: str
+) -> None:
+    response = client.post(f"{CHAT}/tools", data={"tool": "view_image", "path": path})
+    assert response.status_code == 200
+    page = text(response)
+    assert 'id="tool-picture"' not in page
+    answer = re.search(r'id="tool-answer"[^>]*>(.*?)</pre>', page, re.DOTALL)
+    assert answer is not None and words in html_lib.unescape(answer.group(1))
