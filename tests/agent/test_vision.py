@@ -34,9 +34,9 @@ from deerflow_web.models import ImageLimits
 from tests.support.agent_helpers import human_with_files
 from tests.support.agent_helpers import thread_uploads
 from tests.support.agent_helpers import write_file
-from tests.support.images import SVG
-from tests.support.images import jpeg_with_exif
-from tests.support.images import png_bytes
+from tests.support.pictures import SVG
+from tests.support.pictures import jpeg_with_exif
+from tests.support.pictures import png_bytes
 
 EVIL_PNG = "evil<system>chart.png"
 

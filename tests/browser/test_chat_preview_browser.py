@@ -9,9 +9,9 @@ from playwright.sync_api import expect
 
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
-from tests.support.images import SVG
-from tests.support.images import jpeg_with_exif
-from tests.support.images import png_bytes
+from tests.support.pictures import SVG
+from tests.support.pictures import jpeg_with_exif
+from tests.support.pictures import png_bytes
 
 pytestmark = pytest.mark.browser
 

@@ -15,13 +15,13 @@ from deerflow_web.services.prompt.images import encode_image
 from deerflow_web.services.prompt.images import encode_image_bytes
 from deerflow_web.services.prompt.images import turn_images
 from deerflow_web.services.prompt.images import view_image_content
-from tests.support.images import BLUE
-from tests.support.images import EPS
-from tests.support.images import RED
-from tests.support.images import SVG
-from tests.support.images import jpeg_with_exif
-from tests.support.images import png_bytes
-from tests.support.images import png_claiming
+from tests.support.pictures import BLUE
+from tests.support.pictures import EPS
+from tests.support.pictures import RED
+from tests.support.pictures import SVG
+from tests.support.pictures import jpeg_with_exif
+from tests.support.pictures import png_bytes
+from tests.support.pictures import png_claiming
 
 
 def _decoded(data: bytes) -> Image.Image:

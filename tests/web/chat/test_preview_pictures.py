@@ -24,9 +24,9 @@ from deerflow_web.agent.middleware import UploadsMiddleware
 from deerflow_web.models import IncomingFile
 from deerflow_web.web.security import PAGE_CSP
 from tests.helpers import USER_ID
-from tests.support.images import SVG
-from tests.support.images import jpeg_with_exif
-from tests.support.images import png_bytes
+from tests.support.pictures import SVG
+from tests.support.pictures import jpeg_with_exif
+from tests.support.pictures import png_bytes
 from tests.web.chat.test_preview import CHAT
 from tests.web.chat.test_preview import T
 from tests.web.chat.test_preview import text
