@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import math
 import warnings
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -185,10 +186,17 @@ def _upright_size(image: Image.Image) -> tuple[int, int]:
     return (height, width) if orientation in _QUARTER_TURNS else (width, height)
 
 
+def _target_size(size: tuple[int, int], max_edge: int) -> tuple[int, int]:
+    """The size a picture shrinks to (aspect kept, never enlarged)."""
+    width, height = size
+    ratio = min(1.0, max_edge / max(width, height, 1))
+    return max(1, math.ceil(width * ratio)), max(1, math.ceil(height * ratio))
+
+
 def _upright(image: Image.Image, max_edge: int) -> Image.Image:
     """Decode (a JPEG at a reduced scale when it is much larger) and apply EXIF rotation."""
     if image.format == "JPEG":
-        image.draft("RGB", (max_edge, max_edge))  # decodes at 1/2..1/8 scale, never below
+        image.draft("RGB", _target_size(image.size, max_edge))  # 1/2..1/8 scale, never below
     image.load()
     rotated = ImageOps.exif_transpose(image)
     return rotated if rotated is not None else image
