@@ -60,6 +60,7 @@ SVG_EXTENSIONS = frozenset({".svg", ".svgz"})
 # text stays legible. Photos (JPEG, WebP, TIFF scans) are sent as JPEG.
 _LOSSLESS_SOURCES = frozenset({"PNG", "GIF", "BMP"})
 _JPEG_QUALITY = 85
+MAX_LOSSLESS_BYTES = 3_500_000  # 4.7 MB as base64
 _SNIFF_BYTES = 512
 _SVG_HEAD = (b"<svg", b"<?xml", b"<!doctype svg")
 
@@ -203,13 +204,24 @@ def _upright(image: Image.Image, max_edge: int) -> Image.Image:
 
 
 def _encode(image: Image.Image, lossless: bool) -> tuple[bytes, str]:
-    """Encode without any metadata: a fresh image carries no EXIF, ICC or text chunks."""
+    """Encode without any metadata: a fresh image carries no EXIF, ICC or text chunks.
+
+    A lossless encoding larger than `MAX_LOSSLESS_BYTES` (a photo saved as PNG) is sent as
+    JPEG instead, transparency flattened onto white: providers cap one picture at about
+    5 MB of base64.
+    """
     clean = Image.new(image.mode, image.size)
     clean.paste(image)
-    out = io.BytesIO()
     if lossless:
+        out = io.BytesIO()
         clean.save(out, format="PNG")
-        return out.getvalue(), "image/png"
+        if out.tell() <= MAX_LOSSLESS_BYTES:
+            return out.getvalue(), "image/png"
+    if clean.mode == "RGBA":
+        flat = Image.new("RGB", clean.size, (255, 255, 255))
+        flat.paste(clean, mask=clean.getchannel("A"))
+        clean = flat
+    out = io.BytesIO()
     clean.save(out, format="JPEG", quality=_JPEG_QUALITY, optimize=True)
     return out.getvalue(), "image/jpeg"
 

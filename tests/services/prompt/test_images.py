@@ -11,6 +11,7 @@ from PIL import Image
 
 from deerflow_web.errors import ImageNotUsable
 from deerflow_web.models import ImageLimits
+from deerflow_web.services.prompt.images import MAX_LOSSLESS_BYTES
 from deerflow_web.services.prompt.images import encode_image
 from deerflow_web.services.prompt.images import encode_image_bytes
 from deerflow_web.services.prompt.images import turn_images
@@ -178,3 +179,14 @@ def test_view_image_content_is_a_caption_and_the_block() -> None:
     content = view_image_content(encoded, "/mnt/user-data/uploads/a.png")
     assert content[0] == {"type": "text", "text": "/mnt/user-data/uploads/a.png (64×32 px, PNG)"}
     assert content[1] == encoded.content_block()
+
+
+def test_a_photo_saved_as_png_too_large_for_a_block_goes_as_jpeg() -> None:
+    noise = Image.merge("RGBA", [Image.effect_noise((1500, 1500), 90) for _ in range(4)])
+    out = io.BytesIO()
+    noise.save(out, format="PNG")
+    assert len(out.getvalue()) > MAX_LOSSLESS_BYTES
+    encoded = encode_image_bytes(out.getvalue())
+    assert encoded.mime_type == "image/jpeg"
+    assert len(encoded.data) < MAX_LOSSLESS_BYTES
+    assert _decoded(encoded.data).mode == "RGB"
