@@ -61,6 +61,7 @@ from deerflow_web.models import UploadRecord
 from deerflow_web.services.prompt.context_block import build_legacy_upload_block
 from deerflow_web.services.prompt.context_block import context_files_for
 from deerflow_web.services.prompt.images import turn_images
+from deerflow_web.services.prompt.turn import UploadTurn
 from deerflow_web.services.prompt.turn import compose_text
 from deerflow_web.services.prompt.turn import current_turn
 from deerflow_web.services.prompt.turn import file_entry
@@ -245,17 +246,23 @@ class UploadsMiddleware(AgentMiddleware):
             if raw_files:
                 logger.info("file metadata in the message matched no upload of %s", thread_id)
             return update
-        message = self._with_pictures(with_upload_block(last, turn.block), uploads_dir, turn)
+        message = with_upload_block(last, turn.block)
+        message = self._with_pictures(message, uploads_dir, turn, records)
         update["messages"] = self._replace_last(state, message)
         return update
 
     def _with_pictures(
-        self, message: HumanMessage, uploads_dir: Path | None, turn: Any
+        self,
+        message: HumanMessage,
+        uploads_dir: Path | None,
+        turn: UploadTurn,
+        records: list[UploadRecord] | None,
     ) -> HumanMessage:
         """The message with the turn's pictures after its text, when the model can look."""
         if not self._vision:
             return message
-        images = turn_images(uploads_dir, turn.uploaded_files, self._image_limits)
+        listed = None if records is None else {record.filename for record in records}
+        images = turn_images(uploads_dir, turn.uploaded_files, self._image_limits, listed=listed)
         return with_turn_images(message, images)
 
     def _uploads_dir(self, thread_id: str, user_id: str | None) -> Path | None:
@@ -292,7 +299,8 @@ class UploadsMiddleware(AgentMiddleware):
         )
         update = turn.state_update()
         if turn.block is not None:
-            message = self._with_pictures(with_upload_block(last, turn.block), uploads_dir, turn)
+            message = with_upload_block(last, turn.block)
+            message = self._with_pictures(message, uploads_dir, turn, records)
             update["messages"] = self._replace_last(state, message)
         return update
 

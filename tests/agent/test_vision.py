@@ -312,3 +312,12 @@ def test_the_setting_wins_over_the_profile(
     assert vision_enabled(None, seeing, uses_app_settings=True)
     config.write_text("agent:\n  vision: yes\n", encoding="utf-8")
     assert vision_enabled(None, None, uses_app_settings=True)
+
+
+def test_a_symlinked_picture_is_never_sent(base: Path, tmp_path: Path) -> None:
+    outside = write_file(tmp_path / "outside.png", png_bytes(40, 40))
+    (thread_uploads(base, "t1") / "planted.png").symlink_to(outside)
+    model = _model(AIMessage("ok"))
+    _run(_agent(base, model, vision=True), human_with_files("see", {"filename": "planted.png"}))
+    [human] = model.received[0]
+    assert _image_blocks(human.content) == []

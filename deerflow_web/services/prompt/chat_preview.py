@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
+from deerflow_web.concurrency import off_loop
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import ImageLimits
 from deerflow_web.models import UploadRecord
@@ -34,7 +35,7 @@ from deerflow_web.services.prompt.context_block import DEFAULT_MAX_FILES
 from deerflow_web.services.prompt.context_block import strip_upload_blocks
 from deerflow_web.services.prompt.images import EncodedImage
 from deerflow_web.services.prompt.images import TurnImages
-from deerflow_web.services.prompt.images import encode_image
+from deerflow_web.services.prompt.images import encode_upload
 from deerflow_web.services.prompt.images import turn_images
 from deerflow_web.services.prompt.tool_listing import DEFAULT_MAX_RESULTS
 from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
@@ -309,7 +310,9 @@ def build_preview_turn(
     if vision:
         limits = image_limits or ImageLimits()
         if turn.block is not None:  # the middleware adds pictures only to an announcing turn
-            parts = picture_parts(turn_images(uploads_dir, turn.uploaded_files, limits))
+            listed = {record.filename for record in records}
+            images = turn_images(uploads_dir, turn.uploaded_files, limits, listed=listed)
+            parts = picture_parts(images)
     return PreviewTurn(
         text=text,
         attached=tuple(attached),
@@ -399,14 +402,17 @@ class ChatPreviewService:
         """The turn's image blocks encoded again, as the middleware would encode them now,
         each marked whether its bytes are still the turn's."""
         uploads_dir = self._uploads.uploads_dir(thread_id, user_id)
+        listed = {record.filename for record in self._uploads.list_uploads(thread_id, user_id)}
         limits = turn.image_limits or self._image_limits
         pictures = []
         for part in turn.pictures:
             filename = str(part.get("filename") or "")
             image = None
-            if filename and "/" not in filename:
+            if filename in listed:
                 try:
-                    image = encode_image(uploads_dir / filename, limits)
+                    image = off_loop(
+                        encode_upload, uploads_dir / filename, listed, limits, filename
+                    )
                 except (DeerFlowError, OSError):
                     image = None
             same = image is not None and image.sha256 == part.get("sha256")

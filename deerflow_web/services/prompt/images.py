@@ -21,10 +21,14 @@ The blocks are LangChain's standard (v1) image blocks, plain dicts:
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import io
 import math
+import os
+import stat
 import warnings
+from collections.abc import Collection
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -369,20 +373,64 @@ def caption(turn_image: TurnImage, number: int, total: int) -> str:
     )
 
 
+NOT_OURS = (
+    "{path} is not a regular file of this thread's uploads (a link, or a file that is not "
+    "listed); it was not opened."
+)
+
+
+def _open_upload(path: Path, listed: Collection[str] | None, shown: str) -> BinaryIO:
+    """Open a file directly in uploads/, never through a symlink, and only a hard-linked
+    one the upload listing knows (its bytes may belong to another thread otherwise).
+
+    Checked on the open descriptor, so the name cannot be swapped in between.
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(descriptor)
+        foreign = info.st_nlink > 1 and (listed is None or path.name not in listed)
+        if not stat.S_ISREG(info.st_mode) or foreign:
+            raise ImageNotUsable(NOT_OURS.format(path=shown))
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def encode_upload(
+    path: Path, listed: Collection[str] | None, limits: ImageLimits, shown: str
+) -> EncodedImage:
+    """`encode_image` for a file directly in uploads/ (see `_open_upload`); call it off
+    the event loop.
+
+    Raises:
+        ImageNotUsable: See `encode_image_bytes`, and links that are not the thread's.
+        OSError: The file cannot be read (ELOOP: a symlink).
+    """
+    if is_svg_name(path.name):
+        raise ImageNotUsable(SVG_REFUSED.format(path=shown))
+    with _open_upload(path, listed, shown) as handle:
+        return _encode_stream(handle, limits, shown)
+
+
 def turn_images(
     uploads_dir: Path | None,
     uploaded_files: Sequence[Mapping[str, Any]],
     limits: ImageLimits = DEFAULT_LIMITS,
+    *,
+    listed: Collection[str] | None = None,
 ) -> TurnImages:
     """Encode the pictures among a turn's announced files (state `uploaded_files`).
 
     Only names with a raster extension are opened; an SVG gets a note. Pictures beyond
-    `max_images` are not even decoded.
+    `max_images` are not even decoded. A symlink is never followed, and a hard-linked file
+    is only read when `listed` names it (as the file tools do).
 
     Args:
         uploads_dir: The thread's uploads folder; None (unknown thread) sends nothing.
         uploaded_files: The turn's files, as the uploads middleware announced them.
         limits: Edge, count and pixel limits.
+        listed: The names of the thread's upload records; None when unknown.
     """
     if uploads_dir is None:
         return TurnImages()
@@ -398,11 +446,17 @@ def turn_images(
             left_out.append(TurnImage(filename, path))
             continue
         try:
-            image = encode_image(uploads_dir / filename, limits, label=neutralize(path))
+            image = off_loop(
+                encode_upload, uploads_dir / filename, listed, limits, neutralize(path)
+            )
         except ImageNotUsable as error:
             refused.append(TurnImage(filename, path, refused=str(error)))
         except OSError as error:
-            reason = f"{neutralize(path)} could not be read: {error.strerror}"
+            reason = (
+                NOT_OURS.format(path=neutralize(path))
+                if error.errno == errno.ELOOP
+                else f"{neutralize(path)} could not be read: {error.strerror}"
+            )
             refused.append(TurnImage(filename, path, refused=reason))
         else:
             sent.append(TurnImage(filename, path, image=image))

@@ -190,3 +190,26 @@ def test_a_photo_saved_as_png_too_large_for_a_block_goes_as_jpeg() -> None:
     assert encoded.mime_type == "image/jpeg"
     assert len(encoded.data) < MAX_LOSSLESS_BYTES
     assert _decoded(encoded.data).mode == "RGB"
+
+
+def test_turn_images_never_follows_a_symlink_out_of_uploads(tmp_path: Path) -> None:
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    outside = tmp_path / "elsewhere.png"
+    outside.write_bytes(png_bytes())
+    (uploads / "link.png").symlink_to(outside)
+    images = turn_images(uploads, [{"filename": "link.png"}], listed={"link.png"})
+    assert not images.sent
+    assert "not a regular file of this thread's uploads" in (images.refused[0].refused or "")
+
+
+def test_a_hard_linked_picture_is_read_only_when_listed(tmp_path: Path) -> None:
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    other = tmp_path / "other-thread.png"
+    other.write_bytes(png_bytes())
+    (uploads / "same.png").hardlink_to(other)
+    files = [{"filename": "same.png"}]
+    assert not turn_images(uploads, files).sent
+    assert not turn_images(uploads, files, listed={"notes.txt"}).sent
+    assert turn_images(uploads, files, listed={"same.png"}).sent
