@@ -9,25 +9,17 @@ from __future__ import annotations
 from deerflow_web.agent.middleware import ThreadDataMiddleware
 from deerflow_web.agent.middleware import UploadsMiddleware
 from deerflow_web.agent.middleware import make_upload_middleware
+from deerflow_web.agent.tools import UploadTools
 from deerflow_web.agent.tools import make_file_tools
-from deerflow_web.agent.tools import make_glob_tool
-from deerflow_web.agent.tools import make_grep_tool
-from deerflow_web.agent.tools import make_list_uploaded_files_tool
-from deerflow_web.agent.tools import make_read_file_tool
-from deerflow_web.agent.tools import make_view_image_tool
 from deerflow_web.agent.vision import model_accepts_images
 from deerflow_web.agent.vision import vision_enabled
 
 __all__ = [
     "ThreadDataMiddleware",
+    "UploadTools",
     "UploadsMiddleware",
     "make_file_tools",
-    "make_glob_tool",
-    "make_grep_tool",
-    "make_list_uploaded_files_tool",
-    "make_read_file_tool",
     "make_upload_middleware",
-    "make_view_image_tool",
     "model_accepts_images",
     "vision_enabled",
 ]

@@ -24,6 +24,7 @@ from deerflow_web.agent.middleware import UploadsMiddleware
 from deerflow_web.models import IncomingFile
 from deerflow_web.web.security import PAGE_CSP
 from tests.helpers import USER_ID
+from tests.helpers import thread_ref
 from tests.support.pictures import SVG
 from tests.support.pictures import jpeg_with_exif
 from tests.support.pictures import png_bytes
@@ -40,7 +41,7 @@ DATA_URL = re.compile(
 
 def seed(app: Flask, files: dict[str, bytes]) -> None:
     incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
-    uploads_of(app).save_uploads(T, incoming, user_id=USER_ID)
+    uploads_of(app).save_uploads(thread_ref(T), incoming)
 
 
 def preview(client: FlaskClient, attach: list[str], *, vision: bool, mode: str = "current") -> str:
@@ -197,10 +198,10 @@ def test_svg_alone_gets_its_note_and_no_block(app: Flask, client: FlaskClient) -
 def test_the_tools_panel_shows_what_view_image_returns(
     app: Flask, client: FlaskClient, pictures: list[str], base_dir: Path
 ) -> None:
-    from deerflow_web.agent import make_view_image_tool
+    from deerflow_web.agent import UploadTools
     from tests.support.agent_helpers import make_runtime
 
-    tool = make_view_image_tool(base_dir=base_dir)
+    tool = UploadTools(base_dir=base_dir, vision=True).by_name()["view_image"]
     runtime = make_runtime({"thread_id": T, "user_id": USER_ID})
     path = "/mnt/user-data/uploads/photo.jpg"
     response = client.post(f"{CHAT}/tools", data={"tool": "view_image", "path": path})
