@@ -565,3 +565,8 @@ class ResumableExpired(ResumableError):
 
     def __init__(self) -> None:
         super().__init__("Upload expired")
+
+
+class ImageNotUsable(FileAccessError):
+    """A file that cannot be shown to a vision model as a picture: not a raster image,
+    an SVG (active content, never decoded), too many pixels to decode safely, or damaged."""

@@ -270,6 +270,36 @@ class UploadLimits:
 
 
 @dataclass(frozen=True)
+class ImageLimits:
+    """How pictures are prepared for a vision model (`agent.image_*` settings).
+
+    Attributes:
+        max_edge: The longest edge, in pixels, of a picture as sent; larger ones shrink
+            (1568 is what most vision models take without scaling again).
+        max_images: Pictures of one message sent as image blocks; the rest are only named.
+        max_pixels: Pictures with more pixels than this are refused before decoding
+            (8000 x 5000; decoded as RGBA that is 160 MB).
+    """
+
+    max_edge: int = 1568
+    max_images: int = 5
+    max_pixels: int = 40_000_000
+
+    @classmethod
+    def from_mapping(cls, agent: Mapping[str, object]) -> ImageLimits:
+        """Read the `agent.*` image keys; bad values fall back with a warning."""
+        return cls(
+            max_edge=positive_setting(agent, "image_max_edge", cls.max_edge, section_name="agent"),
+            max_images=positive_setting(
+                agent, "max_images_per_message", cls.max_images, section_name="agent"
+            ),
+            max_pixels=positive_setting(
+                agent, "image_max_pixels", cls.max_pixels, section_name="agent"
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class UploadRecord:
     """One row of a thread's `uploads` record set (SPEC D10): the metadata of one stored file.
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from deerflow_web.errors import ConfigError
+from deerflow_web.models import ImageLimits
 from deerflow_web.models import UploadLimits
 from deerflow_web.models import positive_setting
 from deerflow_web.storage.paths import resolve_base_dir
@@ -107,9 +108,15 @@ class ArchiveLimits:
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """How the agent's file tools behave."""
+    """How the agent's file tools behave, and whether its model is shown pictures.
+
+    `vision`: True or False as configured; None (`auto`, the default) asks the model's
+    LangChain profile (`image_inputs`), and without a model to ask means no pictures.
+    """
 
     read_conversion_wait_seconds: float = 20.0
+    vision: bool | None = None
+    images: ImageLimits = field(default_factory=ImageLimits)
 
 
 @dataclass(frozen=True)
@@ -439,8 +446,22 @@ def agent_from_mapping(agent: Mapping[str, Any]) -> AgentSettings:
             "read_conversion_wait_seconds",
             defaults.read_conversion_wait_seconds,
             section_name="agent",
-        )
+        ),
+        vision=vision_setting(agent.get("vision")),
+        images=ImageLimits.from_mapping(agent),
     )
+
+
+def vision_setting(raw: object) -> bool | None:
+    """`agent.vision`: a yes/no word or boolean, or `auto` (also unset) for None."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in {"", "auto"}):
+        return None
+    if isinstance(raw, bool):
+        return raw
+    flag = parse_flag(raw) if isinstance(raw, str) else None
+    if flag is None:
+        logger.warning("agent.vision=%r is not true, false or auto; using auto", raw)
+    return flag
 
 
 def _string_list(value: Any) -> tuple[str, ...]:

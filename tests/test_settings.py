@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from deerflow_web.errors import ConfigError
+from deerflow_web.models import ImageLimits
 from deerflow_web.models import UploadLimits
 from deerflow_web.settings import load_settings
 from deerflow_web.settings import parse_bool
@@ -150,3 +151,38 @@ def test_secret_key_from_environment_or_config(tmp_path: Path) -> None:
     assert load_settings(environ=env, cwd=tmp_path).secret_key == "from-env"
     write(tmp_path / "config.yaml", "server:\n  secret_key: '  '\n")
     assert load_settings(environ={}, cwd=tmp_path).secret_key is None
+
+
+def test_vision_defaults_to_auto_with_the_image_limits(tmp_path: Path) -> None:
+    agent = load_settings(environ={}, cwd=tmp_path).agent
+    assert agent.vision is None  # auto: the model's profile decides
+    assert agent.images == ImageLimits(max_edge=1568, max_images=5, max_pixels=40_000_000)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("true", True), ("yes", True), ("false", False), ("off", False), ("auto", None), ("", None)],
+)
+def test_vision_takes_yes_no_or_auto(tmp_path: Path, raw: str, expected: bool | None) -> None:
+    write(tmp_path / "config.yaml", f"agent:\n  vision: '{raw}'\n")
+    assert load_settings(environ={}, cwd=tmp_path).agent.vision is expected
+
+
+def test_a_bad_vision_value_means_auto_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "config.yaml", "agent:\n  vision: sometimes\n")
+    with caplog.at_level(logging.WARNING):
+        assert load_settings(environ={}, cwd=tmp_path).agent.vision is None
+    assert "agent.vision" in caplog.text
+
+
+def test_image_limits_are_read_and_bad_ones_fall_back(tmp_path: Path) -> None:
+    write(
+        tmp_path / "config.yaml",
+        "agent:\n  vision: true\n  image_max_edge: 1024\n  max_images_per_message: 0\n"
+        "  image_max_pixels: lots\n",
+    )
+    agent = load_settings(environ={}, cwd=tmp_path).agent
+    assert agent.vision is True
+    assert agent.images == ImageLimits(max_edge=1024, max_images=5, max_pixels=40_000_000)

@@ -11,6 +11,8 @@ from deerflow_web.agent.middleware import UploadsMiddleware
 from deerflow_web.agent.middleware import make_upload_middleware
 from deerflow_web.agent.tools import UploadTools
 from deerflow_web.agent.tools import make_file_tools
+from deerflow_web.agent.vision import model_accepts_images
+from deerflow_web.agent.vision import vision_enabled
 
 __all__ = [
     "ThreadDataMiddleware",
@@ -18,4 +20,6 @@ __all__ = [
     "UploadsMiddleware",
     "make_file_tools",
     "make_upload_middleware",
+    "model_accepts_images",
+    "vision_enabled",
 ]

@@ -17,6 +17,9 @@ and rewrites the LangChain message.
   again; non-text content blocks are kept.
 - `"legacy"` (SPEC 4.5): doc A exactly, history parsing and `<uploaded_files>`; kept for
   comparison with old threads.
+
+With `vision` on (a model that accepts images, `agent/vision.py`), the pictures among the
+files a current or incremental turn announces follow the message's text as image blocks.
 """
 
 from __future__ import annotations
@@ -50,11 +53,17 @@ from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import scanning_on
 from deerflow_web.agent.uploads_source import usable_records
+from deerflow_web.agent.vision import image_limits_for
+from deerflow_web.agent.vision import vision_enabled
+from deerflow_web.agent.vision import with_turn_images
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import Area
+from deerflow_web.models import ImageLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.prompt.context_block import build_legacy_upload_block
 from deerflow_web.services.prompt.context_block import context_files_for
+from deerflow_web.services.prompt.images import turn_images
+from deerflow_web.services.prompt.turn import UploadTurn
 from deerflow_web.services.prompt.turn import compose_text
 from deerflow_web.services.prompt.turn import current_turn
 from deerflow_web.services.prompt.turn import file_entry
@@ -162,6 +171,8 @@ class UploadsMiddleware(AgentMiddleware):
         upload_service: UploadLister | None = None,
         paths: ThreadPaths | None = None,
         require_user: bool | None = None,
+        vision: bool = False,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         """Configure the middleware.
 
@@ -175,6 +186,9 @@ class UploadsMiddleware(AgentMiddleware):
             paths: A ready `ThreadPaths`, shared with the rest of the app (wins over base_dir).
             require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
                 follows the app's settings when they are used, else False.
+            vision: Send the announced pictures as image blocks (the model accepts them).
+            image_limits: Edge, count and pixel limits of the pictures; None uses
+                `agent.image_*` from the app's settings when they are used, else defaults.
 
         Raises:
             ValueError: A cap below 1 or an unknown mode.
@@ -189,6 +203,10 @@ class UploadsMiddleware(AgentMiddleware):
         self._max_files = max_files_per_context_section
         self._mode = mode
         self._lister: UploadLister = upload_service or DirectoryUploadLister(self._paths)
+        self._vision = vision
+        self._image_limits = image_limits_for(
+            image_limits, uses_app_settings=base_dir is None and paths is None
+        )
 
     @property
     def mode(self) -> str:
@@ -247,8 +265,24 @@ class UploadsMiddleware(AgentMiddleware):
             if raw_files:
                 logger.info("file metadata in the message matched no upload of %s", thread_id)
             return update
-        update["messages"] = self._replace_last(state, with_upload_block(last, turn.block))
+        message = with_upload_block(last, turn.block)
+        message = self._with_pictures(message, uploads_dir, turn, records)
+        update["messages"] = self._replace_last(state, message)
         return update
+
+    def _with_pictures(
+        self,
+        message: HumanMessage,
+        uploads_dir: Path | None,
+        turn: UploadTurn,
+        records: list[UploadRecord] | None,
+    ) -> HumanMessage:
+        """The message with the turn's pictures after its text, when the model can look."""
+        if not self._vision:
+            return message
+        listed = None if records is None else {record.filename for record in records}
+        images = turn_images(uploads_dir, turn.uploaded_files, self._image_limits, listed=listed)
+        return with_turn_images(message, images)
 
     @staticmethod
     def _uploads_dir(thread: ThreadFolders) -> Path | None:
@@ -278,15 +312,15 @@ class UploadsMiddleware(AgentMiddleware):
         last = last_human(state_messages(state))
         if last is None:  # nothing was shown, so nothing is marked as shown
             return {"uploaded_files": [], "uploads": [record_to_state(r) for r in records]}
+        uploads_dir = self._uploads_dir(thread)
         turn = incremental_turn(
-            records,
-            state_value(state, "shown_uploads"),
-            self._uploads_dir(thread),
-            max_files=self._max_files,
+            records, state_value(state, "shown_uploads"), uploads_dir, max_files=self._max_files
         )
         update = turn.state_update()
         if turn.block is not None:
-            update["messages"] = self._replace_last(state, with_upload_block(last, turn.block))
+            message = with_upload_block(last, turn.block)
+            message = self._with_pictures(message, uploads_dir, turn, records)
+            update["messages"] = self._replace_last(state, message)
         return update
 
     def _legacy(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -330,9 +364,18 @@ def make_upload_middleware(
     mode: UploadsMode = "current",
     max_files_per_context_section: int = 10,
     require_user: bool | None = None,
+    vision: bool | None = None,
+    model: Any = None,
+    image_limits: ImageLimits | None = None,
 ) -> list[AgentMiddleware]:
-    """Both middlewares in SPEC 4.7's order, sharing one `ThreadPaths` and one auth mode."""
-    needs_user = auth_required(require_user, base_dir is None and paths is None)
+    """Both middlewares in SPEC 4.7's order, sharing one `ThreadPaths` and one auth mode.
+
+    `vision` True or False decides whether announced pictures go to the model as image
+    blocks; None follows `agent.vision` (app settings only), and `auto` asks `model`'s
+    profile (`agent/vision.py`).
+    """
+    uses_app_settings = base_dir is None and paths is None
+    needs_user = auth_required(require_user, uses_app_settings)
     thread_paths = resolve_thread_paths(base_dir, paths)
     return [
         ThreadDataMiddleware(lazy_init=lazy_init, paths=thread_paths, require_user=needs_user),
@@ -342,6 +385,8 @@ def make_upload_middleware(
             upload_service=upload_service,
             paths=thread_paths,
             require_user=needs_user,
+            vision=vision_enabled(vision, model, uses_app_settings=uses_app_settings),
+            image_limits=image_limits_for(image_limits, uses_app_settings=uses_app_settings),
         ),
     ]
 

@@ -1,4 +1,5 @@
-"""LangChain tools over the thread's files: `list_uploaded_files`, `read_file`, `glob`, `grep`.
+"""LangChain tools over the thread's files: `list_uploaded_files`, `read_file`, `glob`, `grep`,
+and `view_image` for a model that accepts pictures (`agent/vision.py`).
 
 The model never chooses the thread. Each tool takes a `runtime` argument that is hidden
 from the model's schema (`InjectedToolArg`); LangChain's `ToolNode` fills it with a
@@ -44,9 +45,12 @@ from deerflow_web.agent.runtime import thread_ref_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
 from deerflow_web.agent.uploads_source import usable_records
+from deerflow_web.agent.vision import image_limits_for
+from deerflow_web.agent.vision import vision_enabled
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.models import ImageLimits
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.prompt.document_text import DocumentTexts
 from deerflow_web.services.prompt.file_access import FileToolFailure
@@ -125,10 +129,13 @@ def _current_run_names(runtime: Any) -> set[str]:
 
 
 class UploadTools:
-    """`list_uploaded_files`, `read_file`, `glob` and `grep` over one data dir.
+    """`list_uploaded_files`, `read_file`, `glob` and `grep` over one data dir, and
+    `view_image` when the model accepts pictures.
 
     Attributes:
-        tools: The four tools, in that order, for `create_agent(tools=...)`.
+        tools: The four tools, in that order (then `view_image` with vision), for
+            `create_agent(tools=...)`.
+        vision: Whether `view_image` is offered.
     """
 
     def __init__(
@@ -140,6 +147,9 @@ class UploadTools:
         conversion_jobs: ConversionJobs | None = None,
         read_wait_seconds: float | None = None,
         require_user: bool | None = None,
+        vision: bool | None = None,
+        model: Any = None,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         """Configure the tools.
 
@@ -157,13 +167,21 @@ class UploadTools:
                 uses `agent.read_conversion_wait_seconds`.
             require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
                 follows the app's settings when they are used, else False.
+            vision: True or False offers `view_image` or not; None follows `agent.vision`
+                (app settings only), and `auto` asks `model`'s profile.
+            model: The chat model, for `auto`.
+            image_limits: `view_image`'s edge and pixel limits; None uses `agent.image_*`
+                from the app's settings when they are used, else the defaults.
 
         Raises:
             ValueError: Both `base_dir` and `paths`.
         """
         if base_dir is not None and paths is not None:
             raise ValueError("give base_dir or paths, not both")
-        self.require_user = auth_required(require_user, base_dir is None and paths is None)
+        uses_app_settings = base_dir is None and paths is None
+        self.require_user = auth_required(require_user, uses_app_settings)
+        self.vision = vision_enabled(vision, model, uses_app_settings=uses_app_settings)
+        self.image_limits = image_limits_for(image_limits, uses_app_settings=uses_app_settings)
         self.paths = resolve_thread_paths(base_dir, paths)
         self.upload_service = upload_service
         self._lister: UploadLister = upload_service or DirectoryUploadLister(self.paths)
@@ -179,6 +197,8 @@ class UploadTools:
             self._glob_tool(),
             self._grep_tool(),
         ]
+        if self.vision:
+            self.tools.append(self._view_image_tool())
 
     def by_name(self) -> dict[str, BaseTool]:
         """The tools by their names."""
@@ -385,7 +405,33 @@ class UploadTools:
         grep.handle_tool_error = True
         return grep
 
+    def _view_image_tool(self) -> BaseTool:
+        """`view_image`: the tool message holds a short text and the picture as an image
+        block, decoded, turned upright, shrunk and stripped like the pictures of a message
+        (`services/prompt/images.py`); SVG, other files and paths outside the thread are
+        refused with a message."""
+        in_thread = self._in_thread
+        limits = self.image_limits
+
+        @tool(parse_docstring=True)
+        def view_image(
+            path: str,
+            runtime: Annotated[Any, InjectedToolArg] = None,
+        ) -> list[dict[str, Any]]:
+            """Look at a picture of this conversation, such as one uploaded in an earlier turn.
+
+            Pictures attached to the current message are already shown with it.
+
+            Args:
+                path: Absolute virtual path, such as /mnt/user-data/uploads/photo.jpg.
+            """
+            return in_thread(runtime, "view", path, lambda files: files.view_image(path, limits))
+
+        view_image.handle_tool_error = True
+        return view_image
+
 
 def make_file_tools(**options: Any) -> list[BaseTool]:
-    """`UploadTools(**options).tools`: the four tools, for a one-line `create_agent`."""
+    """`UploadTools(**options).tools`: the four tools (and `view_image` with vision), for a
+    one-line `create_agent`."""
     return UploadTools(**options).tools

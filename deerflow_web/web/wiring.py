@@ -70,9 +70,13 @@ class Services:
             self.rescans = Rescanner(
                 self.uploads, self.scanner, self.scan_events, JobLeases(self.engine)
             )
-        self.chat_previews: ChatPreviewService = make_chat_preview_service(self.uploads)
+        self.chat_previews: ChatPreviewService = make_chat_preview_service(
+            self.uploads, image_limits=settings.agent.images
+        )
         self.tool_previews = ToolPreviewService(
-            self.conversions, settings.agent.read_conversion_wait_seconds
+            self.conversions,
+            settings.agent.read_conversion_wait_seconds,
+            settings.agent.images,
         )
         self.resumable: ResumableUploadService = make_resumable_service(
             self.intake,

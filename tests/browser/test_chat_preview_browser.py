@@ -9,6 +9,9 @@ from playwright.sync_api import expect
 
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
+from tests.support.pictures import SVG
+from tests.support.pictures import jpeg_with_exif
+from tests.support.pictures import png_bytes
 
 pytestmark = pytest.mark.browser
 
@@ -63,3 +66,35 @@ def test_compose_attach_preview_and_step_through_turns(
     page.page.get_by_role("button", name="Clear history").click()
     expect(page.page.locator(".flash-success")).to_contain_text("Cleared 2 previewed turns.")
     expect(page.page.locator("#result")).to_have_count(0)
+
+
+def test_with_pictures_ticked_the_thumbnails_of_the_image_blocks_load(
+    page: Watched, live: LiveServer
+) -> None:
+    live.seed(
+        THREAD,
+        {
+            "photo.jpg": jpeg_with_exif(2400, 1200, orientation=1),
+            "chart.png": png_bytes(300, 150),
+            "logo.svg": SVG,
+        },
+    )
+    page.page.goto(f"{live.url}/threads/{THREAD}/chat")
+    page.page.get_by_role("textbox", name="Message").fill("What do these show?")
+    for name in ("photo.jpg", "chart.png", "logo.svg"):
+        page.page.get_by_role("checkbox", name=name).check()
+    page.page.get_by_role("checkbox", name="The model accepts pictures").check()
+    page.page.get_by_role("button", name="Preview").click()
+
+    thumbs = page.page.locator("img.picture-thumb")
+    expect(thumbs).to_have_count(2)
+    # Decoded by the browser under the page's CSP: real pictures, at the sizes sent.
+    sizes = thumbs.evaluate_all("images => images.map(i => [i.naturalWidth, i.naturalHeight])")
+    assert sizes == [[300, 150], [1568, 784]]  # in the order of the form: chart.png first
+    expect(page.page.get_by_role("img", name="Image block 2: photo.jpg")).to_be_visible()
+    parts = page.page.locator("#picture-parts")
+    expect(parts).to_contain_text("Picture 2 of 2 attached to this message")
+    expect(parts).to_contain_text("image/jpeg · 1568×784 px")
+    expect(parts).to_contain_text("never rendered here")  # the SVG's note, no block
+    expect(page.page.get_by_role("checkbox", name="The model accepts pictures")).to_be_checked()
+    page.shoot("chat-preview-pictures")

@@ -10,6 +10,11 @@ preview cannot drift from the agent. No Flask and no LangChain here.
 Turns are kept per thread (`storage/chat_turns.py`), so a person can step through several
 and watch the incremental mode: as in a real run, the state key `shown_uploads` carries
 over from the last turn that wrote it.
+
+With "the model accepts pictures" ticked, a turn also holds the parts that follow the
+text (`services/prompt/images.py`, as the uploads middleware sends them): captions, notes
+and image blocks. The history keeps each block's size and SHA-256, not its bytes; the page
+encodes the picture again for its thumbnail and shows it only when the bytes are the same.
 """
 
 from __future__ import annotations
@@ -22,9 +27,16 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
+from deerflow_web.concurrency import off_loop
+from deerflow_web.errors import DeerFlowError
+from deerflow_web.models import ImageLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.prompt.context_block import DEFAULT_MAX_FILES
 from deerflow_web.services.prompt.context_block import strip_upload_blocks
+from deerflow_web.services.prompt.images import EncodedImage
+from deerflow_web.services.prompt.images import TurnImages
+from deerflow_web.services.prompt.images import encode_upload
+from deerflow_web.services.prompt.images import turn_images
 from deerflow_web.services.prompt.tool_listing import DEFAULT_MAX_RESULTS
 from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
 from deerflow_web.services.prompt.turn import UploadTurn
@@ -57,6 +69,11 @@ class PreviewTurn:
         uploads: State `uploads` after the turn (the thread's full record set).
         shown_uploads: State `shown_uploads` after an incremental turn; None otherwise.
         tool_result: What `list_uploaded_files()` (default arguments) returns in this turn.
+        vision: Whether the turn was previewed for a model that accepts pictures.
+        picture_parts: The content parts after the text (vision only): text parts as
+            sent, image parts as `{"type": "image", "filename", "mime_type", "width",
+            "height", "bytes", "sha256", ...}`, without the base64 data.
+        image_limits: The limits the pictures were prepared with (vision only).
         turn_id: The stored turn's id; None until saved.
         created_at: When the turn was saved (POSIX time); None until saved.
     """
@@ -70,6 +87,9 @@ class PreviewTurn:
     uploads: list[dict[str, Any]]
     shown_uploads: list[dict[str, str]] | None
     tool_result: dict[str, Any]
+    vision: bool = False
+    picture_parts: list[dict[str, Any]] = field(default_factory=list)
+    image_limits: ImageLimits | None = None
     turn_id: int | None = None
     created_at: float | None = field(default=None, compare=False)
 
@@ -88,6 +108,33 @@ class PreviewTurn:
     def injected(self) -> bool:
         """Whether the middleware put a block in front of the message this turn."""
         return self.content != self.text
+
+    @property
+    def pictures(self) -> list[dict[str, Any]]:
+        """The image parts among `picture_parts`, in order."""
+        return [part for part in self.picture_parts if part.get("type") == "image"]
+
+    def model_content(self) -> str | list[dict[str, Any]]:
+        """The message content as the model gets it, base64 data elided.
+
+        A string when no picture part follows the text; otherwise the list the middleware
+        builds: the text, then the captions, image blocks and notes.
+        """
+        if not self.picture_parts:
+            return self.content
+        parts: list[dict[str, Any]] = [{"type": "text", "text": self.content}]
+        for part in self.picture_parts:
+            if part.get("type") == "image":
+                parts.append(
+                    {
+                        "type": "image",
+                        "mime_type": part.get("mime_type"),
+                        "base64": f"<{_base64_chars(int(part.get('bytes') or 0))} characters>",
+                    }
+                )
+            else:
+                parts.append(part)
+        return parts
 
     def state(self) -> dict[str, Any]:
         """The state keys the uploads middleware wrote in this turn."""
@@ -111,6 +158,9 @@ class PreviewTurn:
             "uploads": self.uploads,
             "shown_uploads": self.shown_uploads,
             "tool_result": self.tool_result,
+            "vision": self.vision,
+            "picture_parts": self.picture_parts,
+            "image_limits": _limits_data(self.image_limits),
         }
 
     @classmethod
@@ -127,9 +177,70 @@ class PreviewTurn:
             uploads=list(data.get("uploads") or []),
             shown_uploads=data.get("shown_uploads"),
             tool_result=dict(data.get("tool_result") or {}),
+            vision=data.get("vision") is True,
+            picture_parts=[
+                part for part in data.get("picture_parts") or [] if isinstance(part, dict)
+            ],
+            image_limits=_limits_from(data.get("image_limits")),
             turn_id=stored.turn_id,
             created_at=stored.created_at,
         )
+
+
+def _base64_chars(size: int) -> int:
+    return 4 * ((size + 2) // 3)
+
+
+def _limits_data(limits: ImageLimits | None) -> dict[str, int] | None:
+    if limits is None:
+        return None
+    return {
+        "max_edge": limits.max_edge,
+        "max_images": limits.max_images,
+        "max_pixels": limits.max_pixels,
+    }
+
+
+def _limits_from(raw: Any) -> ImageLimits | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return ImageLimits(int(raw["max_edge"]), int(raw["max_images"]), int(raw["max_pixels"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def picture_parts(images: TurnImages) -> list[dict[str, Any]]:
+    """The parts that follow the text, with image blocks described instead of carried.
+
+    Built from `TurnImages.content_parts`, the list the middleware sends, so the order and
+    every text part are the model's.
+    """
+    described = iter(images.sent)
+    parts: list[dict[str, Any]] = []
+    for part in images.content_parts():
+        if part.get("type") == "image":
+            turn_image = next(described)
+            parts.append({"type": "image", **turn_image.describe()})
+        else:
+            parts.append(part)
+    return parts
+
+
+@dataclass(frozen=True)
+class PreviewPicture:
+    """One image block of a saved turn, encoded again for the page.
+
+    Attributes:
+        part: The turn's description of the block (name, type, size, SHA-256).
+        image: The picture encoded now; None when the file is gone or unreadable.
+        same: Whether the bytes now are the bytes of the turn (else no thumbnail is shown,
+            as it would not be what was previewed).
+    """
+
+    part: dict[str, Any]
+    image: EncodedImage | None
+    same: bool
 
 
 def message_files_for(
@@ -163,6 +274,8 @@ def build_preview_turn(
     max_files: int = DEFAULT_MAX_FILES,
     max_results: int = DEFAULT_MAX_RESULTS,
     scanning_on: bool = False,
+    vision: bool = False,
+    image_limits: ImageLimits | None = None,
 ) -> PreviewTurn:
     """Compute one turn exactly as the uploads middleware and the tool would.
 
@@ -176,6 +289,8 @@ def build_preview_turn(
         max_files: The middleware's `max_files_per_context_section`.
         max_results: `list_uploaded_files`'s `max_results`.
         scanning_on: Virus scanning is on: only clean files reach the model.
+        vision: Preview for a model that accepts pictures (the middleware's `vision`).
+        image_limits: The pictures' limits (`agent.image_*`); None: the defaults.
 
     Raises:
         ValueError: An unknown mode.
@@ -202,6 +317,14 @@ def build_preview_turn(
         max_results=max_results,
         withheld=withheld,
     )
+    parts: list[dict[str, Any]] = []
+    limits = None
+    if vision:
+        limits = image_limits or ImageLimits()
+        if turn.block is not None:  # the middleware adds pictures only to an announcing turn
+            listed = {record.filename for record in records}
+            images = turn_images(uploads_dir, turn.uploaded_files, limits, listed=listed)
+            parts = picture_parts(images)
     return PreviewTurn(
         text=text,
         attached=tuple(attached),
@@ -212,6 +335,9 @@ def build_preview_turn(
         uploads=turn.uploads or [],
         shown_uploads=turn.shown_uploads,
         tool_result=tool_result,
+        vision=vision,
+        picture_parts=parts,
+        image_limits=limits,
     )
 
 
@@ -236,10 +362,12 @@ class ChatPreviewService:
         history: PreviewHistory,
         *,
         max_files: int = DEFAULT_MAX_FILES,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         self._uploads = uploads
         self._history = history
         self._max_files = max_files
+        self._image_limits = image_limits or ImageLimits()
 
     def preview(
         self,
@@ -247,8 +375,12 @@ class ChatPreviewService:
         text: str,
         attached: Sequence[str],
         mode: PreviewMode,
+        *,
+        vision: bool = False,
     ) -> PreviewTurn:
         """Compute the next turn of the thread's preview and save it in the history.
+
+        `vision` previews for a model that accepts pictures.
 
         Raises:
             ValueError: An unknown mode.
@@ -265,6 +397,8 @@ class ChatPreviewService:
             shown_uploads=carried_shown_uploads(self.history(folders)),
             max_files=self._max_files,
             scanning_on=self._uploads.scanner is not None,
+            vision=vision,
+            image_limits=self._image_limits,
         )
         stored = self._history.append(folders.scope, turn.to_data())
         return PreviewTurn.from_stored(stored)
@@ -273,6 +407,28 @@ class ChatPreviewService:
         """The thread's previewed turns, oldest first."""
         stored = self._history.turns(self._scope(thread))
         return [PreviewTurn.from_stored(turn) for turn in stored]
+
+    def pictures(self, thread: Thread, turn: PreviewTurn) -> list[PreviewPicture]:
+        """The turn's image blocks encoded again, as the middleware would encode them now,
+        each marked whether its bytes are still the turn's."""
+        folders = self._uploads.folders(thread)
+        uploads_dir = folders.uploads_dir()
+        listed = {record.filename for record in self._uploads.list_uploads(folders)}
+        limits = turn.image_limits or self._image_limits
+        pictures = []
+        for part in turn.pictures:
+            filename = str(part.get("filename") or "")
+            image = None
+            if filename in listed:
+                try:
+                    image = off_loop(
+                        encode_upload, uploads_dir / filename, listed, limits, filename
+                    )
+                except (DeerFlowError, OSError):
+                    image = None
+            same = image is not None and image.sha256 == part.get("sha256")
+            pictures.append(PreviewPicture(part, image, same))
+        return pictures
 
     def clear(self, thread: Thread) -> int:
         """Forget the thread's previewed turns; return how many there were."""
@@ -283,8 +439,11 @@ class ChatPreviewService:
 
 
 def make_chat_preview_service(
-    uploads: UploadService, *, max_files: int = DEFAULT_MAX_FILES
+    uploads: UploadService,
+    *,
+    max_files: int = DEFAULT_MAX_FILES,
+    image_limits: ImageLimits | None = None,
 ) -> ChatPreviewService:
     """Build the preview over the upload service's data dir and database."""
     history = DatabasePreviewHistory(uploads.records.engine)
-    return ChatPreviewService(uploads, history, max_files=max_files)
+    return ChatPreviewService(uploads, history, max_files=max_files, image_limits=image_limits)

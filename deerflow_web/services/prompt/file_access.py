@@ -30,9 +30,11 @@ from deerflow_web.errors import ArchiveError
 from deerflow_web.errors import ConversionError
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.errors import FileAccessError
+from deerflow_web.errors import ImageNotUsable
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import OCR_IMAGE_EXTENSIONS
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
+from deerflow_web.models import ImageLimits
 from deerflow_web.models import is_archive_name
 from deerflow_web.models import suffix_of
 from deerflow_web.services.archives.members import ArchiveAt
@@ -48,6 +50,10 @@ from deerflow_web.services.prompt.document_text import DocumentStillConverting
 from deerflow_web.services.prompt.document_text import DocumentTexts
 from deerflow_web.services.prompt.document_text import is_document_name
 from deerflow_web.services.prompt.document_text import misnamed_document
+from deerflow_web.services.prompt.images import encode_image
+from deerflow_web.services.prompt.images import is_image_name
+from deerflow_web.services.prompt.images import is_svg_name
+from deerflow_web.services.prompt.images import view_image_content
 from deerflow_web.services.prompt.page_lines import READ_NOTE
 from deerflow_web.services.prompt.page_lines import PageTracker
 from deerflow_web.services.prompt.page_lines import line_label
@@ -936,3 +942,41 @@ class UserDataFiles:
                     )
                     return
         yield from self._walk_path(virtual_path, refused)
+
+    def existing_file(self, virtual_path: str) -> Path:
+        """The host path of a regular file of the thread, checked as `read` checks it.
+
+        Raises:
+            FileAccessError: Missing, a staging file, a foreign hard link, a directory or
+                not a regular file.
+            ArtifactError: The path is outside /mnt/user-data or escapes it.
+        """
+        shown_path = neutralize(virtual_path)
+        real = self.resolve(virtual_path)
+        if not real.exists() or is_staging_name(real.name):
+            raise FileAccessError(f"File not found: {shown_path}")
+        if real.is_dir():
+            raise FileAccessError(f"{shown_path} is a directory, not a file.")
+        if not real.is_file():
+            raise FileAccessError(f"{shown_path} is not a regular file.")
+        if self._foreign(real):
+            raise FileAccessError(f"File not found: {shown_path}")
+        if (reason := self._held(real)) is not None:
+            raise FileAccessError(f"{shown_path} cannot be read yet: {reason}.")
+        return real
+
+    def view_image(self, virtual_path: str, limits: ImageLimits) -> list[dict[str, Any]]:
+        """What `view_image` returns: a short text and the picture's image block.
+
+        Raises:
+            ImageNotUsable: Not a raster picture, an SVG, too many pixels, damaged.
+            FileAccessError, ArtifactError: As `existing_file`.
+        """
+        shown_path = neutralize(virtual_path)
+        real = self.existing_file(virtual_path)
+        if not is_image_name(real.name) and not is_svg_name(real.name):
+            raise ImageNotUsable(
+                f"{shown_path} is not a picture (JPEG, PNG, GIF, WebP, BMP or TIFF); "
+                "use read_file for other files."
+            )
+        return view_image_content(encode_image(real, limits, label=shown_path), shown_path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from flask_babel import lazy_gettext as _l
 from flask_wtf.file import FileRequired
 from flask_wtf.file import MultipleFileField
+from wtforms import BooleanField
 from wtforms import IntegerField
 from wtforms import SelectField
 from wtforms import SelectMultipleField
@@ -43,6 +44,7 @@ class ChatPreviewForm(PageForm):
     )
     attach = SelectMultipleField(_l("Attach files"), validate_choice=False)
     mode = SelectField(_l("Injection mode"), choices=mode_choices, default="current")
+    vision = BooleanField(_l("The model accepts pictures"))
 
 
 class ChatUploadForm(PageForm):
@@ -56,7 +58,7 @@ class ChatUploadForm(PageForm):
 
 def tool_choices() -> list[tuple[str, object]]:
     """The file tools whose answers the tools panel shows."""
-    return [("read_file", "read_file"), ("grep", "grep")]
+    return [("read_file", "read_file"), ("grep", "grep"), ("view_image", "view_image")]
 
 
 class ToolPreviewForm(PageForm):

@@ -63,6 +63,14 @@ def _selected(turns: Sequence[PreviewTurn], turn_id: int | None) -> int | None:
     return len(turns) - 1 if turns else None
 
 
+def _vision_default(turns: Sequence[PreviewTurn]) -> bool:
+    """Tick "the model accepts pictures" as the last turn did, else as `agent.vision`
+    says (`auto` cannot ask a model here, so it starts unticked)."""
+    if turns:
+        return turns[-1].vision
+    return get_services().settings.agent.vision is True
+
+
 def _tool_form(records: Sequence[UploadRecord], form: ToolPreviewForm | None) -> ToolPreviewForm:
     """The tools panel's form, offering the thread's uploads and the whole folder."""
     form = form or ToolPreviewForm(formdata=None)
@@ -82,6 +90,10 @@ def _render(
 ) -> ResponseReturnValue:
     records = get_upload_service().list_uploads(thread)
     index = _selected(turns, request.args.get("turn", type=int))
+    selected = turns[index] if index is not None else None
+    pictures = []
+    if selected is not None and selected.pictures:
+        pictures = get_chat_preview_service().pictures(thread, selected)
     page = render_template(
         "pages/chat_preview.html",
         thread_id=thread.thread_id,
@@ -93,7 +105,9 @@ def _render(
         groups=build_listing(records).groups,
         turns=turns,
         index=index,
-        selected=turns[index] if index is not None else None,
+        selected=selected,
+        pictures=pictures,
+        vision_setting=get_services().settings.agent.vision,
     )
     return page, status
 
@@ -108,6 +122,7 @@ def chat_preview() -> ResponseReturnValue:
         formdata=None,
         mode=turns[-1].mode if turns else "current",  # stepping through a mode is the usual
         attach=request.args.getlist("attach"),
+        vision=_vision_default(turns),
     )
     return _render(thread, form, turns)
 
@@ -127,7 +142,7 @@ def preview_message() -> ResponseReturnValue:
     # Browsers send a textarea's line breaks as CRLF; a chat client sends "\n".
     text = (form.message.data or "").replace("\r\n", "\n")
     attached = [name for name in form.attach.data or [] if name]
-    turn = service.preview(thread, text, attached, form.mode.data)
+    turn = service.preview(thread, text, attached, form.mode.data, vision=bool(form.vision.data))
     get_services().threads.create(thread.ref.user_id, thread_id)  # after it succeeded
     return _back(thread_id, turn=turn.turn_id, _anchor="result")
 
@@ -135,10 +150,14 @@ def preview_message() -> ResponseReturnValue:
 @bp.post("/threads/<thread_id>/chat/tools")
 @thread_may_be_new
 def preview_tool() -> ResponseReturnValue:
-    """Show what `read_file` or `grep` returns to the model for the chosen file."""
+    """Show what `read_file`, `grep` or `view_image` returns to the model for the chosen file."""
     thread = current_thread()
     turns = get_chat_preview_service().history(thread)
-    compose = ChatPreviewForm(formdata=None, mode=turns[-1].mode if turns else "current")
+    compose = ChatPreviewForm(
+        formdata=None,
+        mode=turns[-1].mode if turns else "current",
+        vision=_vision_default(turns),
+    )
     form = ToolPreviewForm()
     if not form.validate_on_submit():
         return _render(thread, compose, turns, 422, tool_form=form)
@@ -146,6 +165,8 @@ def preview_tool() -> ResponseReturnValue:
     path = form.path.data or VIRTUAL_UPLOADS_DIR
     if form.tool.data == "grep":
         preview = service.grep(thread, form.pattern.data or "", path)
+    elif form.tool.data == "view_image":
+        preview = service.view_image(thread, path)
     else:
         preview = service.read_file(thread, path, form.start_line.data, form.end_line.data)
     return _render(thread, compose, turns, tool_form=form, tool_preview=preview)
