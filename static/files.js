@@ -86,6 +86,10 @@ function init() {
   function updateSelection() {
     var names = selectedNames();
     var button = document.getElementById("bulk-delete");
+    var zipButton = document.getElementById("bulk-zip");
+    if (zipButton) {
+      zipButton.disabled = names.length === 0;
+    }
     var count = document.getElementById("selection-count");
     var all = document.getElementById("select-all");
     if (button) {
@@ -147,6 +151,27 @@ function init() {
       fields.push(["confirmed", "yes"]);
       postForm(bulkForm.getAttribute("action"), fields);
     });
+  }
+
+  /* ---- Several files as one zip ------------------------------------------ */
+
+  /** Download the selection as one zip (a plain GET; the browser saves it). */
+  function downloadZip(url, names) {
+    if (!names.length) {
+      return;
+    }
+    var query = names
+      .map(function (name) {
+        return "filenames=" + encodeURIComponent(name);
+      })
+      .join("&");
+    var link = document.createElement("a");
+    link.href = url + "?" + query;
+    link.download = "";
+    link.hidden = true;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
   }
 
   /* ---- Rename ------------------------------------------------------------- */
@@ -335,6 +360,9 @@ function init() {
     } else if (action === "rename") {
       event.preventDefault();
       openRename(name);
+    } else if (action === "zip-selected") {
+      event.preventDefault();
+      downloadZip(target.getAttribute("data-url"), selectedNames());
     } else if (action === "convert") {
       event.preventDefault();
       convert(target);

@@ -124,6 +124,12 @@ class Watched:
         return path
 
 
+def review_before_upload(page: Page) -> None:
+    """Tick "review first": chosen files wait in the list for the Upload button, as the
+    tests that look at the list before sending (limits, conflicts, progress) need."""
+    page.check("#review-first")
+
+
 def gradient_png(width: int = 96, height: int = 64) -> bytes:
     """A small RGB PNG with a visible gradient, built with the standard library."""
     import struct
@@ -144,3 +150,29 @@ def gradient_png(width: int = 96, height: int = 64) -> bytes:
         + chunk(b"IDAT", zlib.compress(rows))
         + chunk(b"IEND", b"")
     )
+
+
+def axe_script() -> str:
+    """axe-core as shipped by the `axe-playwright-python` test dependency (no download)."""
+    import axe_playwright_python
+
+    return (Path(axe_playwright_python.__file__).parent / "axe.min.js").read_text("utf-8")
+
+
+def axe_violations(page: Page, impacts: tuple[str, ...] = ("critical", "serious")) -> list[str]:
+    """Run axe-core in the page as it is now; the violations of those impacts, described."""
+    if not page.evaluate("() => typeof window.axe !== 'undefined'"):
+        # Evaluated through the driver, so the page's CSP (script-src 'self') does not apply.
+        page.evaluate(axe_script() + "\n;undefined")
+    result = page.evaluate("async () => await window.axe.run(document)")
+    found = []
+    for violation in result["violations"]:
+        if violation["impact"] in impacts:
+            targets = [", ".join(node["target"]) for node in violation["nodes"]][:5]
+            found.append(f"{violation['impact']} {violation['id']}: {targets}")
+    return found
+
+
+def assert_accessible(page: Page) -> None:
+    """axe-core finds no critical or serious violation on the page as it is now."""
+    assert axe_violations(page) == [], f"axe on {page.url}"

@@ -9,6 +9,7 @@ from playwright.sync_api import expect
 
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
+from tests.browser.helpers import review_before_upload
 
 pytestmark = pytest.mark.browser
 
@@ -63,6 +64,7 @@ def intermediate_progress(watched: Watched) -> list[float]:
 def open_thread(watched: Watched, live: LiveServer, thread_id: str = THREAD) -> None:
     watched.page.goto(f"{live.url}/threads/{thread_id}")
     expect(watched.page.locator("#drop-zone .drop-hint")).to_be_visible()
+    review_before_upload(watched.page)
 
 
 def test_upload_through_file_input_shows_progress(page: Watched, live: LiveServer) -> None:

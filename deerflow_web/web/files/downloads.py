@@ -1,0 +1,75 @@
+"""Several files at once: one streamed zip of a selection, or of a whole tab.
+
+The bulk bar's "Download selected" submits the selection here (GET, since nothing
+changes), and each tab has a "Download all" link. Every file is resolved as its own
+download would be before anything is sent (services/files/zip_download.py).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from flask import Blueprint
+from flask import Response
+from flask import request
+from flask.typing import ResponseReturnValue
+
+from deerflow_web.errors import InvalidInput
+from deerflow_web.models import Area
+from deerflow_web.services.files.freshness import open_checked
+from deerflow_web.services.files.zip_download import ZipMember
+from deerflow_web.services.files.zip_download import area_paths
+from deerflow_web.services.files.zip_download import members_for_paths
+from deerflow_web.services.files.zip_download import stream_zip
+from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.security import artifact_csp
+from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_upload_service
+
+bp = Blueprint("downloads", __name__)
+
+
+def _requested_paths(thread_id: str, user_id: str | None) -> list[str]:
+    """User-data paths from `path` (any area), `filenames` (uploads, as the bulk form
+    names them) or, with neither, every file of the tab `area` (and `folder`)."""
+    paths = request.args.getlist("path")
+    paths += [f"{Area.UPLOADS.value}/{name}" for name in request.args.getlist("filenames") if name]
+    if paths:
+        return paths
+    raw_area = request.args.get("area", Area.UPLOADS.value)
+    try:
+        area = Area(raw_area)
+    except ValueError:
+        raise InvalidInput("Unknown area.", ("query", "area"), raw_area) from None
+    uploads = get_upload_service()
+    return area_paths(
+        uploads.paths,
+        thread_id,
+        area,
+        request.args.get("folder", ""),
+        user_id,
+        lambda: [record.filename for record in uploads.list_uploads(thread_id, user_id)],
+    )
+
+
+@bp.get("/threads/<thread_id>/zip")
+def download_zip(thread_id: str) -> ResponseReturnValue:
+    """A zip of the chosen files, streamed; 404 (and nothing sent) if one cannot be had."""
+    validate_thread_id(thread_id)
+    uploads, user_id = get_upload_service(), current_user_id()
+    members = members_for_paths(
+        lambda virtual: uploads.resolve_artifact(thread_id, virtual, user_id),
+        _requested_paths(thread_id, user_id),
+    )
+
+    def open_member(member: ZipMember):  # noqa: ANN202 - a file object
+        return open_checked(uploads, thread_id, member.artifact.path, user_id).file
+
+    name = f"{thread_id}.zip"
+    response = Response(
+        stream_zip(members, open_member), mimetype="application/zip", direct_passthrough=True
+    )
+    response.headers["Content-Disposition"] = f"attachment; filename*=UTF-8''{quote(name)}"
+    response.headers["Content-Security-Policy"] = artifact_csp(None)
+    response.headers["Cache-Control"] = "private, no-store"
+    return response
