@@ -490,3 +490,18 @@ class ResumableExpired(ResumableError):
 
     def __init__(self) -> None:
         super().__init__("Upload expired")
+
+
+class ShareLinkNotFound(DeerFlowError):
+    """No live link has that secret (unknown, expired and revoked answer alike)."""
+
+    def __init__(self) -> None:
+        super().__init__("Share link not found")
+
+
+class ShareLinkRateLimited(DeerFlowError):
+    """Too many requests to share links from one address; try again after `retry_after`."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("Too many requests. Try again later.")
+        self.retry_after = retry_after

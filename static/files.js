@@ -390,7 +390,7 @@ function init() {
   });
 
   document.addEventListener("submit", function (event) {
-    if (event.target.id === "bulk-form") {
+    if (event.target.id === "bulk-form" && !(event.submitter && event.submitter.id === "share-create")) {
       event.preventDefault();
       deleteFiles(selectedNames());
     }

@@ -55,6 +55,8 @@ from deerflow_web.errors import ResumableExpired
 from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import SelfDisable
 from deerflow_web.errors import SelfReset
+from deerflow_web.errors import ShareLinkNotFound
+from deerflow_web.errors import ShareLinkRateLimited
 from deerflow_web.errors import StorageFailure
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import TokenNotFound
@@ -127,6 +129,8 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     PermissionDenied: 403,
     TokenNotFound: 404,
     LockedOut: 429,
+    ShareLinkNotFound: 404,  # unknown, expired and revoked alike
+    ShareLinkRateLimited: 429,
     # artifact edits (SPEC 2.6)
     ArtifactNotEditable: 400,
     ArtifactChanged: 412,
@@ -218,7 +222,7 @@ def register_error_handlers(app: Flask) -> None:
         if isinstance(error, AuthError) and _wants_json():
             return {"detail": {"code": error.code, "message": str(error)}}, status
         headers = []
-        if isinstance(error, ConversionQueueFull | LockedOut):
+        if isinstance(error, ConversionQueueFull | LockedOut | ShareLinkRateLimited):
             headers.append(("Retry-After", str(error.retry_after)))
         return render_error(status, str(error), headers)
 

@@ -80,6 +80,11 @@ PUBLIC_ENDPOINTS = frozenset(
         "pages.set_language",
         "api_docs.openapi_json",
         "api_docs.api_docs",
+        # share links open without an account (web/files/share.py); rate limited there
+        "share.open_link",
+        "share.unlock_link",
+        "share.link_file",
+        "share.link_zip",
     }
 )
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})

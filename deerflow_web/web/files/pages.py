@@ -7,6 +7,7 @@ Views unwrap the request, call a service and render; the rules live in the servi
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -19,6 +20,7 @@ from flask import request
 from flask import url_for
 from flask.typing import ResponseReturnValue
 from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 from flask_babel import ngettext
 from markupsafe import Markup
 
@@ -63,6 +65,16 @@ from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("pages", __name__)
+
+# What the share box offers (hours, label); the service takes any whole hour up to 30 days.
+SHARE_LIFETIMES = (
+    (1, _l("1 hour")),
+    (8, _l("8 hours")),
+    (24, _l("1 day")),
+    (72, _l("3 days")),
+    (168, _l("7 days")),
+    (720, _l("30 days")),
+)
 
 LANG_COOKIE_AGE = 365 * 24 * 3600
 
@@ -138,6 +150,7 @@ def delete_thread(thread_id: str) -> ResponseReturnValue:
     if not form.validate_on_submit() or form.confirmed.data != "yes":
         return redirect(url_for("pages.confirm_delete_thread", thread_id=thread_id))
     get_services().threads.delete(current_user_id(), thread_id)
+    get_services().share_links.forget_thread(current_user_id(), thread_id)
     flash(_("Deleted thread %(id)s and all its files.", id=thread_id), "success")
     return redirect(url_for("pages.index"))
 
@@ -184,6 +197,9 @@ def thread_files(thread_id: str) -> str:
         upload_form=UploadForm(),
         delete_form=DeleteForm(),
         rename_form=RenameForm(),
+        share_links=get_services().share_links.list_for_thread(current_user_id(), thread_id),
+        share_lifetimes=SHARE_LIFETIMES,
+        now=time.time(),
     )
 
 
