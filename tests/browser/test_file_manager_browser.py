@@ -3,11 +3,14 @@ dropping anywhere, pasting, and every page free of serious accessibility faults.
 
 from __future__ import annotations
 
+import io
+import zipfile
 from collections.abc import Callable
 
 import pytest
 from playwright.sync_api import expect
 
+from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.browser.helpers import assert_accessible
@@ -133,3 +136,105 @@ def test_axe_finds_nothing_serious_on_any_page(
     for path in pages:
         watched.page.goto(f"{live.url}{path}")
         assert_accessible(watched.page)
+
+
+ZIP_FILES = {
+    "季度报告.txt": "第一季度：收入增长。\n".encode() * 50,
+    "notes.md": b"# Notes\n",
+    "data.bin": bytes(range(256)) * 40,
+}
+
+
+def test_three_selected_files_download_as_one_zip_byte_for_byte(
+    page: Watched, live: LiveServer
+) -> None:
+    live.seed(THREAD, {**ZIP_FILES, "left out.txt": b"not selected"})
+    open_thread(page, live)
+    for name in ZIP_FILES:
+        page.page.locator(f'tr.file-row[data-filename="{name}"] input.select-file').check()
+    expect(page.page.locator("#bulk-zip")).to_be_enabled()
+    with page.page.expect_download() as info:
+        page.page.click("#bulk-zip")
+    url = info.value.url
+    response = page.context.request.get(url)  # the page's own cookies: the same user
+    assert response.headers["content-type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(response.body())) as archive:
+        assert sorted(archive.namelist()) == sorted(ZIP_FILES)
+        for info_ in archive.infolist():
+            assert archive.read(info_.filename) == ZIP_FILES[info_.filename]
+        assert archive.getinfo("季度报告.txt").flag_bits & 0x800  # the UTF-8 name flag
+
+
+def create_share_link(watched: Watched, live: LiveServer, name: str, password: str = "") -> str:
+    """Select one file, open the share box and create a link; the URL shown once."""
+    open_thread(watched, live)
+    watched.page.locator(f'tr.file-row[data-filename="{name}"] input.select-file').check()
+    watched.page.click("#share-box summary")
+    watched.page.select_option("#share-hours", "1")
+    if password:
+        watched.page.fill("#share-password", password)
+    watched.page.click("#share-create")
+    url = watched.page.locator("#share-url").input_value()
+    assert_accessible(watched.page)
+    return url
+
+
+def test_a_share_link_opens_in_a_fresh_browser_until_revoked(
+    page: Watched, open_page: Callable[..., Watched], live: LiveServer
+) -> None:
+    live.seed(THREAD, {"handout.txt": b"for the meeting", "private.txt": b"mine"})
+    url = create_share_link(page, live, "handout.txt")
+    visitor = open_page()  # no account, no cookie of the owner
+    visitor.page.goto(url)
+    expect(visitor.page.locator(".share-files li")).to_have_count(1)
+    expect(visitor.page.locator(".share-files")).to_contain_text("handout.txt")
+    assert_accessible(visitor.page)
+    file_url = visitor.page.locator(".share-files a", has_text="Download").get_attribute("href")
+    assert visitor.context.request.get(f"{live.url}{file_url}").body() == b"for the meeting"
+    assert "private.txt" not in visitor.page.content()
+
+    page.page.goto(f"{live.url}/threads/{THREAD}")
+    row = page.page.locator("tr.share-row")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("active")
+    row.get_by_role("button", name="Revoke").click()
+    expect(page.page.locator("tr.share-row")).to_contain_text("revoked")
+
+    visitor.allowed_errors.append("404")
+    response = visitor.page.goto(url)
+    assert response is not None and response.status == 404
+    expect(visitor.page.locator(".error-message")).to_have_text("Share link not found")
+    assert visitor.context.request.get(f"{live.url}{file_url}").status == 404
+
+
+def test_a_password_link_asks_first_and_ends_when_it_expires(
+    page: Watched, open_page: Callable[..., Watched], live: LiveServer
+) -> None:
+    live.seed(THREAD, {"secret plan.txt": b"step one"})
+    url = create_share_link(page, live, "secret plan.txt", password="correct horse")
+    visitor = open_page()
+    visitor.page.goto(url)
+    expect(visitor.page.locator("#share-password")).to_be_visible()
+    assert "secret plan.txt" not in visitor.page.content()
+    assert_accessible(visitor.page)
+    visitor.allowed_errors.append("403")
+    visitor.page.fill("#share-password", "wrong")
+    visitor.page.click(".share-unlock button[type=submit]")
+    expect(visitor.page.locator(".share-unlock .flash-error")).to_have_text(
+        "That password is not right."
+    )
+    visitor.page.fill("#share-password", "correct horse")
+    visitor.page.click(".share-unlock button[type=submit]")
+    expect(visitor.page.locator(".share-files")).to_contain_text("secret plan.txt")
+
+    stranger = open_page()  # the link alone is not enough
+    stranger.page.goto(url)
+    expect(stranger.page.locator("#share-password")).to_be_visible()
+
+    links = live.app.extensions[EXTENSION_KEY].share_links
+    real_clock = links._clock
+    links._clock = lambda: real_clock() + 3601  # the hour it was made for has passed
+    visitor.allowed_errors.append("404")
+    response = visitor.page.goto(url)
+    assert response is not None and response.status == 404
+    expect(visitor.page.locator(".error-message")).to_have_text("Share link not found")
