@@ -11,12 +11,16 @@ from urllib.parse import quote
 
 from flask import Blueprint
 from flask import Response
+from flask import abort
 from flask import request
+from flask import send_file
 from flask.typing import ResponseReturnValue
 
 from deerflow_web.errors import InvalidInput
+from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.services.files.freshness import open_checked
+from deerflow_web.services.files.thumbnails import wants_thumbnail
 from deerflow_web.services.files.zip_download import ZipMember
 from deerflow_web.services.files.zip_download import area_paths
 from deerflow_web.services.files.zip_download import members_for_paths
@@ -24,6 +28,7 @@ from deerflow_web.services.files.zip_download import stream_zip
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("downloads", __name__)
@@ -50,6 +55,32 @@ def _requested_paths(thread_id: str, user_id: str | None) -> list[str]:
         user_id,
         lambda: [record.filename for record in uploads.list_uploads(thread_id, user_id)],
     )
+
+
+@bp.get("/threads/<thread_id>/thumbnails/<filename>")
+def thumbnail(thread_id: str, filename: str) -> ResponseReturnValue:
+    """A small WebP of an uploaded raster image (never SVG), made once per content."""
+    validate_thread_id(thread_id)
+    uploads, user_id = get_upload_service(), current_user_id()
+    record = uploads.get_upload(thread_id, filename, user_id)
+    if not wants_thumbnail(record.filename, record.size):
+        abort(404)
+    artifact = uploads.resolve_artifact(
+        thread_id, f"{VIRTUAL_PATH_PREFIX}/{Area.UPLOADS.value}/{record.filename}", user_id
+    )
+    try:
+        checked = open_checked(uploads, thread_id, artifact.path, user_id)
+    except OSError:
+        abort(404)
+    with checked.file:
+        sha256 = checked.record.sha256 if checked.record is not None else record.sha256
+        path = get_services().thumbnails.get(sha256, checked.file)
+    if path is None:
+        abort(404)
+    response = send_file(path, mimetype="image/webp", etag=sha256, max_age=86400)
+    response.headers["Cache-Control"] = "private, max-age=86400"
+    response.headers["Content-Security-Policy"] = artifact_csp(None)
+    return response
 
 
 @bp.get("/threads/<thread_id>/zip")

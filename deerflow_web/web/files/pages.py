@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from flask import Blueprint
 from flask import abort
 from flask import flash
+from flask import make_response
 from flask import redirect
 from flask import render_template
 from flask import request
@@ -34,6 +35,7 @@ from deerflow_web.services.files.artifact_edit import open_for_edit
 from deerflow_web.services.files.artifacts import Presentation
 from deerflow_web.services.files.browse import BROWSABLE_AREAS
 from deerflow_web.services.files.browse import list_area
+from deerflow_web.services.files.list_query import REMEMBERED
 from deerflow_web.services.files.list_query import ListQuery
 from deerflow_web.services.files.listing import SortKey
 from deerflow_web.services.files.listing import build_listing
@@ -77,6 +79,7 @@ SHARE_LIFETIMES = (
 )
 
 LANG_COOKIE_AGE = 365 * 24 * 3600
+LIST_VIEW_COOKIE = "files-view"  # the list's sort, order and view, kept across visits
 
 
 def _back_to_thread(thread_id: str) -> ResponseReturnValue:
@@ -169,11 +172,11 @@ def open_thread() -> ResponseReturnValue:
 
 @bp.get("/threads/<thread_id>")
 @thread_may_be_new
-def thread_files(thread_id: str) -> str:
+def thread_files(thread_id: str) -> ResponseReturnValue:
     """The file manager: upload form, the uploads list and the area tabs."""
     validate_thread_id(thread_id)
     service = get_upload_service()
-    query = ListQuery.from_args(request.args)
+    query = ListQuery.from_request(request.args, request.cookies.get(LIST_VIEW_COOKIE))
     records = service.list_uploads(thread_id, current_user_id())
     listing = build_listing(
         records,
@@ -183,7 +186,7 @@ def thread_files(thread_id: str) -> str:
         descending=query.descending,
         page=query.page,
     )
-    return render_template(
+    page = render_template(
         "pages/thread_files.html",
         thread_id=thread_id,
         thread=get_services().threads.find(current_user_id(), thread_id),
@@ -201,6 +204,12 @@ def thread_files(thread_id: str) -> str:
         share_lifetimes=SHARE_LIFETIMES,
         now=time.time(),
     )
+    response = make_response(page)
+    if any(key in request.args for key in REMEMBERED):  # a choice made now: keep it
+        response.set_cookie(
+            LIST_VIEW_COOKIE, query.remembered(), max_age=LANG_COOKIE_AGE, samesite="Lax"
+        )
+    return response
 
 
 @bp.post("/threads/<thread_id>/upload")
