@@ -164,6 +164,8 @@ def axe_violations(page: Page, impacts: tuple[str, ...] = ("critical", "serious"
     if not page.evaluate("() => typeof window.axe !== 'undefined'"):
         # Evaluated through the driver, so the page's CSP (script-src 'self') does not apply.
         page.evaluate(axe_script() + "\n;undefined")
+    # A theme switched a moment ago may still be fading: judge the colours it ends with.
+    page.evaluate("() => document.getAnimations().forEach(animation => animation.finish())")
     result = page.evaluate("async () => await window.axe.run(document)")
     found = []
     for violation in result["violations"]:
@@ -175,4 +177,5 @@ def axe_violations(page: Page, impacts: tuple[str, ...] = ("critical", "serious"
 
 def assert_accessible(page: Page) -> None:
     """axe-core finds no critical or serious violation on the page as it is now."""
-    assert axe_violations(page) == [], f"axe on {page.url}"
+    found = axe_violations(page)
+    assert not found, f"axe on {page.url}: {found}"

@@ -238,3 +238,188 @@ def test_a_password_link_asks_first_and_ends_when_it_expires(
     response = visitor.page.goto(url)
     assert response is not None and response.status == 404
     expect(visitor.page.locator(".error-message")).to_have_text("Share link not found")
+
+
+def names_shown(watched: Watched) -> list[str]:
+    return watched.page.locator("tr.file-row").evaluate_all(
+        "rows => rows.map(row => row.getAttribute('data-filename'))"
+    )
+
+
+def test_natural_sort_and_the_chosen_order_survive_a_reload(
+    page: Watched, live: LiveServer
+) -> None:
+    live.seed(THREAD, {"bulk-10.txt": b"x" * 10, "bulk-2.txt": b"x" * 300, "bulk-1.txt": b"x"})
+    open_thread(page, live)
+    assert names_shown(page) == ["bulk-1.txt", "bulk-2.txt", "bulk-10.txt"]
+    page.page.get_by_role("link", name="Size", exact=True).click()
+    page.page.get_by_role("link", name="Size", exact=True).click()  # largest first
+    assert names_shown(page) == ["bulk-2.txt", "bulk-10.txt", "bulk-1.txt"]
+    page.page.goto(f"{live.url}/threads/{THREAD}")  # a plain URL: the choice is kept
+    assert names_shown(page) == ["bulk-2.txt", "bulk-10.txt", "bulk-1.txt"]
+    expect(page.page.locator('th[aria-sort="descending"]')).to_contain_text("Size")
+    page.page.get_by_role("link", name="Name", exact=True).click()  # back to the default, kept too
+    page.page.reload()
+    assert names_shown(page) == ["bulk-1.txt", "bulk-2.txt", "bulk-10.txt"]
+
+
+def test_the_grid_shows_thumbnails_and_is_remembered(page: Watched, live: LiveServer) -> None:
+    live.seed(
+        THREAD,
+        {
+            "photo.png": gradient_png(300, 200),
+            "drawing.svg": b"<svg xmlns='http://www.w3.org/2000/svg'/>",
+            "a.txt": b"a",
+        },
+    )
+    open_thread(page, live)
+    page.page.click("#view-grid")
+    expect(page.page.locator("#files-table.view-grid")).to_be_visible()
+    thumb = page.page.locator('tr[data-filename="photo.png"] img.thumb')
+    expect(thumb).to_be_visible()
+    page.page.wait_for_function(
+        "img => img.complete && img.naturalWidth > 0", arg=thumb.element_handle()
+    )
+    assert thumb.evaluate("img => img.naturalWidth") == 300
+    src = thumb.get_attribute("src")
+    response = page.context.request.get(f"{live.url}{src}")
+    assert response.headers["content-type"] == "image/webp"
+    assert page.page.locator('tr[data-filename="drawing.svg"] img').count() == 0  # never SVG
+    assert_accessible(page.page)
+    page.shoot("thread-grid")
+    page.page.goto(f"{live.url}/threads/{THREAD}")
+    expect(page.page.locator("#files-table.view-grid")).to_be_visible()
+    page.page.click("#view-list")
+    expect(page.page.locator("#files-table.view-grid")).to_have_count(0)
+
+
+def test_each_keyboard_shortcut(page: Watched, live: LiveServer) -> None:
+    live.seed(THREAD, {"alpha.txt": b"a", "beta.txt": b"b", "gamma.txt": b"c"})
+    open_thread(page, live)
+    keys = page.page.keyboard
+    keys.press("?")
+    expect(page.page.locator("#shortcuts-dialog")).to_be_visible()
+    assert_accessible(page.page)
+    keys.press("Escape")
+    expect(page.page.locator("#shortcuts-dialog")).to_be_hidden()
+
+    keys.press("/")
+    expect(page.page.locator("#filter-name")).to_be_focused()
+    keys.type("?/")  # inside a field the keys are text, not shortcuts
+    expect(page.page.locator("#filter-name")).to_have_value("?/")
+    expect(page.page.locator("#shortcuts-dialog")).to_be_hidden()
+    page.page.fill("#filter-name", "")
+    page.page.locator("#filter-name").blur()
+
+    keys.press("ArrowDown")
+    keys.press("ArrowDown")
+    expect(page.page.locator("tr.file-row.cursor")).to_have_attribute("data-filename", "beta.txt")
+    keys.press("ArrowUp")
+    expect(page.page.locator("tr.file-row.cursor")).to_have_attribute("data-filename", "alpha.txt")
+
+    keys.press("F2")
+    expect(page.page.locator("#rename-dialog")).to_be_visible()
+    page.page.fill("#rename-dialog-name", "gamma.txt")  # taken: the dialog stays open
+    page.page.click("#rename-dialog button[type=submit]")
+    page.allowed_errors.append("409")
+    expect(page.page.locator('#rename-dialog [data-role="error"]')).to_contain_text(
+        "already exists"
+    )
+    expect(page.page.locator("#rename-dialog")).to_be_visible()
+    page.page.fill("#rename-dialog-name", "first.txt")
+    page.page.click("#rename-dialog button[type=submit]")
+    expect(page.page.locator("#rename-dialog")).to_be_hidden()
+    expect(page.page.locator('tr[data-filename="first.txt"]')).to_have_count(1)
+    assert sorted(live.names(THREAD)) == ["beta.txt", "first.txt", "gamma.txt"]
+
+    page.page.locator("body").click(position={"x": 5, "y": 5})
+    keys.press("ArrowDown")
+    keys.press("ArrowDown")  # beta.txt (first.txt sorts after it)
+    keys.press("Delete")
+    dialog = page.page.locator("#confirm-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog.locator('[data-role="names"]')).to_have_text("first.txt")
+    dialog.locator('[data-role="confirm"]').click()
+    expect(page.page.locator("tr.file-row")).to_have_count(2)
+    assert sorted(live.names(THREAD)) == ["beta.txt", "gamma.txt"]
+
+    keys.press("ArrowDown")
+    keys.press("Enter")
+    page.page.wait_for_url("**/files/uploads/beta.txt")
+
+
+def test_the_preview_has_previous_next_and_the_file_actions(
+    page: Watched, live: LiveServer
+) -> None:
+    live.seed(THREAD, {"bulk-1.txt": b"1", "bulk-2.txt": b"2", "bulk-10.txt": b"10"})
+    page.page.goto(f"{live.url}/threads/{THREAD}/files/uploads/bulk-2.txt")
+    expect(page.page.locator("#previous-file")).to_contain_text("bulk-1.txt")
+    page.page.click("#next-file")
+    page.page.wait_for_url("**/uploads/bulk-10.txt")
+    expect(page.page.locator("#next-file")).to_have_count(0)
+    page.page.click("#previous-file")
+    page.page.wait_for_url("**/uploads/bulk-2.txt")
+    expect(page.page.locator("#preview-rename")).to_be_visible()
+    expect(page.page.locator("#preview-delete")).to_be_visible()
+    assert_accessible(page.page)
+    page.page.click("#preview-delete")
+    page.page.get_by_role("button", name="Delete").click()
+    expect(page.page.locator("tr.file-row")).to_have_count(2)
+
+
+def test_dark_mode_follows_the_system_and_the_toggle(
+    open_page: Callable[..., Watched], live: LiveServer
+) -> None:
+    live.seed(THREAD, {"a.txt": b"a", "photo.png": gradient_png()})
+    watched = open_page(server=live)
+    watched.page.emulate_media(color_scheme="dark")
+    open_thread(watched, live)
+    background = "() => getComputedStyle(document.documentElement).backgroundColor"
+    dark = watched.page.evaluate(background)
+    assert dark == "rgb(18, 22, 27)"
+    assert_accessible(watched.page)
+    watched.shoot("thread-dark")
+    watched.page.click("#theme-toggle")  # light, whatever the system says
+    assert watched.page.evaluate(background) == "rgb(246, 247, 249)"
+    watched.page.reload()
+    assert watched.page.evaluate(background) == "rgb(246, 247, 249)"
+    expect(watched.page.locator("#theme-toggle")).to_have_attribute("aria-pressed", "false")
+    watched.page.click("#theme-toggle")
+    assert watched.page.evaluate(background) == dark
+    assert_accessible(watched.page)
+
+
+def test_at_phone_width_the_list_comes_first_and_rows_are_compact(
+    open_page: Callable[..., Watched], live: LiveServer
+) -> None:
+    live.seed(THREAD, {f"file-{n}.txt": b"x" * n for n in range(1, 6)})
+    watched = open_page(server=live, width=390)
+    watched.page.set_viewport_size({"width": 390, "height": 844})
+    open_thread(watched, live)
+    watched.shoot("thread-phone-before", full_page=True)
+    header = watched.page.locator(".site-header").bounding_box()
+    assert header is not None and header["height"] <= 60
+    first = watched.page.locator("tr.file-row").first.bounding_box()
+    assert first is not None and first["y"] + first["height"] < 844  # above the fold
+    assert first["height"] <= 64
+    upload = watched.page.locator(".upload-panel").bounding_box()
+    assert upload is not None and upload["y"] > first["y"]
+    assert watched.page.evaluate("document.documentElement.scrollWidth") <= 390
+    row = watched.page.locator("tr.file-row").first
+    expect(row.locator("a.action").first).to_be_hidden()
+    row.locator(".row-menu-toggle").click()
+    expect(row.get_by_role("link", name="Download")).to_be_visible()
+    small = watched.page.evaluate(
+        """() => [...document.querySelectorAll('a, button, input, select, summary')]
+            .filter(el => el.offsetParent !== null && !el.closest('.visually-hidden')
+                    && !el.closest('p, li, td.name-cell, .hint'))
+            .map(el => [el, el.getBoundingClientRect()])
+            .filter(([el, box]) => box.width > 0 && (box.width < 24 || box.height < 24))
+            .map(([el, box]) => el.outerHTML.slice(0, 80) + ` ${box.width}x${box.height}`)"""
+    )
+    assert small == []
+    assert_accessible(watched.page)
+    watched.shoot("thread-phone", full_page=False)
+    watched.page.emulate_media(color_scheme="dark")
+    assert_accessible(watched.page)
+    watched.shoot("thread-phone-dark", full_page=False)

@@ -387,12 +387,16 @@ def preview_file(thread_id: str, path: str) -> str:
     preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread_id))
     area, _sep, rest = path.partition("/")
     record, outline_source, outline = None, None, []
+    neighbours: tuple[str | None, str | None] = (None, None)
+    companion = None
     if area == Area.UPLOADS and "/" not in rest:
         records = service.list_uploads(thread_id, user_id)
         record = next((r for r in records if r.filename == rest), None)
         if record is not None:
             folder = service.uploads_dir(thread_id, user_id)
             outline_source, outline = upload_outline(folder, record, records)
+            neighbours = _neighbours(records, record.filename)
+            companion = next((r for r in records if r.converted_from == record.filename), None)
     return render_template(
         "pages/preview.html",
         thread_id=thread_id,
@@ -411,6 +415,25 @@ def preview_file(thread_id: str, path: str) -> str:
         editor=open_for_edit(service.paths, thread_id, artifact_virtual, user_id)
         if area == Area.OUTPUTS
         else None,
+        previous_name=neighbours[0],
+        next_name=neighbours[1],
+        companion=companion,
+        convert_form=ConvertForm(formdata=None),
+    )
+
+
+def _neighbours(records: list, name: str) -> tuple[str | None, str | None]:
+    """The files before and after `name` in the list as the person last sorted it (the
+    remembered sort; filters are left out: the preview shows one file, not a search)."""
+    query = ListQuery.from_request({}, request.cookies.get(LIST_VIEW_COOKIE))
+    listing = build_listing(records, sort=query.sort, descending=query.descending)
+    names = [row.filename for group in listing.groups for row in group.rows()]
+    if name not in names:
+        return None, None
+    index = names.index(name)
+    return (
+        names[index - 1] if index > 0 else None,
+        names[index + 1] if index + 1 < len(names) else None,
     )
 
 
