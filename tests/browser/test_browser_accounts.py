@@ -157,5 +157,7 @@ def test_a_second_user_sees_only_their_own_thread_of_the_same_id(
     assert "private.txt" not in second.page.content()
     response = second.page.goto(f"{live.url}/threads/{THREAD}/files/uploads/private.txt")
     assert response is not None and response.status == 404
-    expect(second.page.locator(".error-message")).to_have_text(f"Thread {THREAD} not found")
+    expect(second.page.locator(".error-message")).to_have_text(
+        "That thread does not exist, or it is not yours."
+    )
     second.shoot("accounts-other-users-thread")

@@ -19,6 +19,7 @@ from tests.browser.helpers import gradient_png
 pytestmark = pytest.mark.browser
 
 THREAD = "everyday"
+LINK_GONE = "This share link does not work"  # unknown, expired and revoked alike
 
 DROP_ON = """
 ([selector, files]) => {
@@ -203,7 +204,7 @@ def test_a_share_link_opens_in_a_fresh_browser_until_revoked(
     visitor.allowed_errors.append("404")
     response = visitor.page.goto(url)
     assert response is not None and response.status == 404
-    expect(visitor.page.locator(".error-message")).to_have_text("Share link not found")
+    expect(visitor.page.locator(".error-message")).to_contain_text(LINK_GONE)
     assert visitor.context.request.get(f"{live.url}{file_url}").status == 404
 
 
@@ -237,7 +238,7 @@ def test_a_password_link_asks_first_and_ends_when_it_expires(
     visitor.allowed_errors.append("404")
     response = visitor.page.goto(url)
     assert response is not None and response.status == 404
-    expect(visitor.page.locator(".error-message")).to_have_text("Share link not found")
+    expect(visitor.page.locator(".error-message")).to_contain_text(LINK_GONE)
 
 
 def names_shown(watched: Watched) -> list[str]:
@@ -423,3 +424,25 @@ def test_at_phone_width_the_list_comes_first_and_rows_are_compact(
     watched.page.emulate_media(color_scheme="dark")
     assert_accessible(watched.page)
     watched.shoot("thread-phone-dark", full_page=False)
+
+
+def test_typing_at_in_the_composer_attaches_a_file(page: Watched, live: LiveServer) -> None:
+    live.seed(THREAD, {"budget-2026.xlsx": b"x", "notes.txt": b"n", "notes-old.txt": b"o"})
+    page.page.goto(f"{live.url}/threads/{THREAD}/chat")
+    message = page.page.locator("#compose-form textarea[name='message']")
+    message.click()
+    page.page.keyboard.type("Compare @note")
+    options = page.page.locator("#mention-list [role=option]")
+    expect(options).to_have_text(["notes-old.txt", "notes.txt"])
+    assert_accessible(page.page)
+    page.page.keyboard.press("ArrowDown")
+    expect(options.nth(1)).to_have_attribute("aria-selected", "true")
+    page.page.keyboard.press("Enter")
+    expect(page.page.locator("#mention-list")).to_be_hidden()
+    expect(message).to_have_value("Compare")
+    expect(page.page.locator("input[name=attach][value='notes.txt']")).to_be_checked()
+    expect(page.page.locator("input[name=attach][value='notes-old.txt']")).not_to_be_checked()
+    page.page.keyboard.type(" with @zzz")
+    expect(page.page.locator("#mention-list")).to_be_hidden()  # nothing matches
+    page.page.keyboard.press("Enter")  # an ordinary line break, no file chosen
+    expect(message).to_have_value("Compare with @zzz\n")
