@@ -137,6 +137,17 @@ def test_axe_finds_nothing_serious_on_any_page(
     for path in pages:
         watched.page.goto(f"{live.url}{path}")
         assert_accessible(watched.page)
+    watched.page.goto(f"{live.url}/api/docs")
+    watched.page.wait_for_selector("#swagger-ui .opblock")
+    assert_accessible(watched.page, exclude=("#swagger-ui",))  # the vendored UI's own markup
+    watched.allowed_errors.append("404")
+    watched.page.goto(f"{live.url}/threads/{THREAD}/files/uploads/missing.txt")
+    assert_accessible(watched.page)  # an error page
+    if live.account:
+        stranger = open_page()
+        stranger.page.emulate_media(color_scheme=scheme)
+        stranger.page.goto(f"{live.url}/login")
+        assert_accessible(stranger.page)
 
 
 ZIP_FILES = {

@@ -70,7 +70,8 @@ def test_get_renders_the_compose_form_with_companions_under_originals(
     response = client.get(CHAT)
     assert response.status_code == 200
     html = text(response)
-    assert '<textarea class="chat-message"' in html and 'name="message"' in html
+    assert '<textarea aria-describedby="message-hint" class="chat-message"' in html
+    assert 'name="message"' in html
     names = re.findall(r'name="attach" value="([^"]+)"', html)
     assert names == ["report.pdf", "report.md", "z.txt"]  # companion right under its original
     assert re.search(r'<li class="companion">\s*<label>\s*<input[^>]*value="report.md"', html)
