@@ -69,10 +69,13 @@ class Thumbnails:
     def _run_worker(self, source: BinaryIO) -> bytes | None:
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(_PROJECT_ROOT)}
         env.update(MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", PYTHONUTF8="1")
+        data = source.read(MAX_INPUT_BYTES + 1)  # bounded: wants_thumbnail checked the size
+        if len(data) > MAX_INPUT_BYTES:
+            return None
         try:
             done = subprocess.run(
                 WORKER_COMMAND,
-                stdin=source,
+                input=data,
                 capture_output=True,
                 env=env,
                 timeout=TIME_LIMIT_SECONDS + 5,
