@@ -457,3 +457,33 @@ def test_typing_at_in_the_composer_attaches_a_file(page: Watched, live: LiveServ
     expect(page.page.locator("#mention-list")).to_be_hidden()  # nothing matches
     page.page.keyboard.press("Enter")  # an ordinary line break, no file chosen
     expect(message).to_have_value("Compare with @zzz\n")
+
+
+def test_at_1280_px_the_actions_stay_on_one_line_and_the_list_fits(
+    page: Watched, live: LiveServer, tmp_path
+) -> None:
+    from tests.support.documents import make_docx
+
+    live.seed(
+        THREAD,
+        {
+            "quarterly report for the board.docx": make_docx(tmp_path / "r.docx").read_bytes(),
+            "photo.png": gradient_png(),
+        },
+    )
+    open_thread(page, live)
+    expect(page.page.get_by_role("button", name="Convert to Markdown quarterly")).to_be_visible()
+    wrap = page.page.evaluate(
+        "() => { const w = document.querySelector('.table-wrap');"
+        " return [w.scrollWidth, w.clientWidth]; }"
+    )
+    assert wrap[0] <= wrap[1], "the list fits its panel"
+    tops = (
+        page.page.locator("tr.file-row")
+        .first.locator("td.actions .action")
+        .evaluate_all(
+            "links => links.filter(link => link.offsetParent)"
+            ".map(link => Math.round(link.getBoundingClientRect().top))"
+        )
+    )
+    assert len(set(tops)) == 1, f"one line of actions: {tops}"

@@ -144,7 +144,7 @@ def test_the_thread_page_lists_links_and_can_revoke(client: FlaskClient, seeded)
         ({"filenames": ["a.txt"], "hours": "721"}, "from 1 hour"),
         ({"filenames": ["a.txt"], "hours": "soon"}, "from 1 hour"),
         ({"filenames": [], "hours": "24"}, "at least one file"),
-        ({"filenames": ["missing.txt"], "hours": "24"}, "not found"),
+        ({"filenames": ["missing.txt"], "hours": "24"}, "does not exist"),
         ({"path": ["uploads/../../etc/passwd"], "hours": "24"}, ""),
     ],
 )
