@@ -419,6 +419,7 @@ def preview_file(thread_id: str, path: str) -> str:
         next_name=neighbours[1],
         companion=companion,
         convert_form=ConvertForm(formdata=None),
+        share_lifetimes=SHARE_LIFETIMES,
     )
 
 

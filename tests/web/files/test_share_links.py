@@ -198,3 +198,21 @@ def test_a_deleted_thread_takes_its_links_along(app: Flask, client: FlaskClient,
     path = make_link(client, "a.txt")
     client.post(f"/threads/{THREAD}/delete-thread", data={"confirmed": "yes"})
     assert anonymous(app).get(path).status_code == 404
+
+
+def test_the_preview_page_shares_one_file_even_from_outputs(
+    app: Flask, client: FlaskClient, seeded, base_dir
+) -> None:
+    from tests.helpers import thread_dir
+
+    outputs = thread_dir(base_dir, THREAD) / "user-data" / "outputs"
+    outputs.mkdir(parents=True, exist_ok=True)
+    (outputs / "summary.md").write_bytes(b"# Summary")
+    page = client.get(f"/threads/{THREAD}/files/outputs/summary.md").get_data(as_text=True)
+    assert 'name="path" value="outputs/summary.md"' in page
+    response = client.post(
+        f"/threads/{THREAD}/share", data={"path": "outputs/summary.md", "hours": "1"}
+    )
+    url = re.search(r'id="share-url"[^>]*value="([^"]+)"', response.get_data(as_text=True))[1]
+    path = url.removeprefix("http://localhost")
+    assert fetched(anonymous(app), f"{path}/0").get_data() == b"# Summary"
