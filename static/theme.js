@@ -4,8 +4,6 @@
 (function () {
   var KEY = "deerflow-web.theme";
   var root = document.documentElement;
-  root.classList.remove("no-js");
-  root.classList.add("js");
   var chosen = null;
   try {
     chosen = window.localStorage.getItem(KEY);
