@@ -352,7 +352,9 @@ def test_each_keyboard_shortcut(page: Watched, live: LiveServer) -> None:
     expect(dialog).to_be_visible()
     expect(dialog.locator('[data-role="names"]')).to_have_text("first.txt")
     dialog.locator('[data-role="confirm"]').click()
+    expect(page.page.locator(".flash-success")).to_contain_text("Deleted 1 file")
     expect(page.page.locator("tr.file-row")).to_have_count(2)
+    expect(page.page.locator("#select-all")).to_be_visible()  # the reloaded page's script ran
     assert sorted(live.names(THREAD)) == ["beta.txt", "gamma.txt"]
 
     keys.press("ArrowDown")
