@@ -91,6 +91,11 @@ def _describe_more(error: DeerFlowError) -> str:
             "Too many attempts from your address. Try again in %(seconds)d seconds.",
             seconds=error.retry_after,
         )
+    if isinstance(error, UnsafeFolder):
+        return _(
+            "The thread's folder is not safe to use (%(detail)s). Tell the administrator.",
+            detail=str(error),
+        )
     for kind, sentence in _SENTENCES:
         if isinstance(error, kind):
             return sentence()
@@ -104,7 +109,6 @@ _SENTENCES: tuple[tuple[type[DeerFlowError], Callable[[], str]], ...] = (
     (UnsafeFilename, lambda: _("That file name cannot be used. Choose another name.")),
     (InvalidPath, lambda: _("That name or path is not valid.")),
     (PathTraversal, lambda: _("That path leads outside the thread, so it was refused.")),
-    (UnsafeFolder, lambda: _("The thread's folder is not safe to use. Tell the administrator.")),
     (ArtifactNotFound, lambda: _("That file does not exist. It may have been moved or deleted.")),
     (NotAFile, lambda: _("That is a folder, not a file.")),
     (ArtifactChanged, lambda: _("The file changed since you opened it. Reload and try again.")),
