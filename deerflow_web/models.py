@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,11 +16,72 @@ from typing import BinaryIO
 from typing import TypeVar
 
 from deerflow_web.errors import InvalidOption
+from deerflow_web.errors import InvalidThreadId
+from deerflow_web.errors import InvalidUserId
 
 logger = logging.getLogger(__name__)
 
 VIRTUAL_PATH_PREFIX = "/mnt/user-data"
 VIRTUAL_UPLOADS_DIR = f"{VIRTUAL_PATH_PREFIX}/uploads"
+
+THREAD_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+USER_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+# The owner of every thread when accounts are off: the flat layout `threads/{id}` (SPEC D1),
+# and the key the `threads` table gives single-user rows. Not a user id (those are never
+# empty), so no user of the per-user layout can be taken for it, nor it for one.
+SINGLE_USER = ""
+
+
+def validate_thread_id(thread_id: object) -> str:
+    """Return the id unchanged, or raise InvalidThreadId (SPEC 1.4)."""
+    if not isinstance(thread_id, str) or THREAD_ID_RE.fullmatch(thread_id) is None:
+        raise InvalidThreadId(thread_id)
+    return thread_id
+
+
+def validate_user_id(user_id: object) -> str:
+    """Return the id unchanged, or raise InvalidUserId (SPEC 1.5)."""
+    if not isinstance(user_id, str) or USER_ID_RE.fullmatch(user_id) is None:
+        raise InvalidUserId(user_id)
+    return user_id
+
+
+@dataclass(frozen=True)
+class ThreadRef:
+    """One thread of one owner, validated once when made: what every service acts on.
+
+    The owner is a user id, or `SINGLE_USER` with accounts off; there is no "no user"
+    that silently means the flat layout, so forgetting the owner fails where the
+    handle is made instead of reaching another folder.
+
+    Raises:
+        InvalidThreadId, InvalidUserId: At construction.
+    """
+
+    thread_id: str
+    user_id: str
+
+    def __post_init__(self) -> None:
+        validate_thread_id(self.thread_id)
+        if self.user_id != SINGLE_USER:
+            validate_user_id(self.user_id)
+
+    @classmethod
+    def single_user(cls, thread_id: str) -> ThreadRef:
+        """A thread of the single-user mode (accounts off): the flat layout."""
+        return cls(thread_id, SINGLE_USER)
+
+    @property
+    def is_single_user(self) -> bool:
+        """Whether the thread lives in the flat layout of the single-user mode."""
+        return self.user_id == SINGLE_USER
+
+    @property
+    def owner(self) -> str | None:
+        """The user id, None in the single-user mode (for messages and the DeerFlow API)."""
+        return None if self.is_single_user else self.user_id
+
 
 CONVERTIBLE_EXTENSIONS = frozenset({".pdf", ".ppt", ".pptx", ".xls", ".xlsx", ".doc", ".docx"})
 
@@ -222,3 +284,8 @@ class ResumableUpload:
     staging_path: Path
     pending_from: int | None = None
     committed_name: str | None = None  # stored under this name: the upload is complete
+
+    @property
+    def ref(self) -> ThreadRef:
+        """The thread it goes to (a stored row keeps no user id in the single-user mode)."""
+        return ThreadRef(self.thread_id, self.user_id or SINGLE_USER)

@@ -22,9 +22,10 @@ from langchain_core.messages import AIMessage
 from langchain_core.messages import HumanMessage
 from typing_extensions import TypedDict
 
-from deerflow_web.agent import make_file_tools
+from deerflow_web.agent import UploadTools
 from deerflow_web.agent import make_upload_middleware
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.uploads.service import make_upload_service
 
 THREAD = "example-thread"
@@ -75,8 +76,9 @@ def main() -> None:
 
     base = args.data_dir or Path(tempfile.mkdtemp(prefix="deerflow-example-"))
     service = make_upload_service(base)
-    service.save_uploads(THREAD, [IncomingFile("report.md", io.BytesIO(REPORT.encode()))])
-    service.save_uploads(THREAD, [IncomingFile("notes.txt", io.BytesIO(b"call the auditors\n"))])
+    thread = ThreadRef.single_user(THREAD)  # accounts off: the single-user layout
+    service.save_uploads(thread, [IncomingFile("report.md", io.BytesIO(REPORT.encode()))])
+    service.save_uploads(thread, [IncomingFile("notes.txt", io.BytesIO(b"call the auditors\n"))])
 
     if args.model:
         from langchain.chat_models import init_chat_model
@@ -86,7 +88,7 @@ def main() -> None:
         model = scripted_model()
     agent = create_agent(
         model,
-        tools=make_file_tools(base_dir=base, upload_service=service),
+        tools=UploadTools(base_dir=base, upload_service=service).tools,
         middleware=make_upload_middleware(base_dir=base, upload_service=service),
         context_schema=Context,
     )

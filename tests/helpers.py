@@ -25,6 +25,8 @@ from flask.testing import FlaskClient
 from werkzeug.datastructures import Headers
 from werkzeug.test import TestResponse
 
+from deerflow_web.models import SINGLE_USER
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.accounts.passwords import Passwords
 from deerflow_web.settings import parse_bool
 from deerflow_web.storage.migrate import open_database
@@ -133,6 +135,11 @@ class UploadActions:
 
     def delete(self, thread_id: str, filename: str) -> TestResponse:
         return self._client.delete(f"/api/threads/{thread_id}/uploads/{filename}")
+
+
+def thread_ref(thread_id: str, user_id: str | None = USER_ID) -> ThreadRef:
+    """The reference services take for a thread of the test user (None: the flat layout)."""
+    return ThreadRef(thread_id, SINGLE_USER if user_id is None else user_id)
 
 
 def thread_dir(base_dir: Path, thread_id: str, user_id: str | None = USER_ID) -> Path:

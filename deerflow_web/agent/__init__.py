@@ -9,19 +9,13 @@ from __future__ import annotations
 from deerflow_web.agent.middleware import ThreadDataMiddleware
 from deerflow_web.agent.middleware import UploadsMiddleware
 from deerflow_web.agent.middleware import make_upload_middleware
+from deerflow_web.agent.tools import UploadTools
 from deerflow_web.agent.tools import make_file_tools
-from deerflow_web.agent.tools import make_glob_tool
-from deerflow_web.agent.tools import make_grep_tool
-from deerflow_web.agent.tools import make_list_uploaded_files_tool
-from deerflow_web.agent.tools import make_read_file_tool
 
 __all__ = [
     "ThreadDataMiddleware",
+    "UploadTools",
     "UploadsMiddleware",
     "make_file_tools",
-    "make_glob_tool",
-    "make_grep_tool",
-    "make_list_uploaded_files_tool",
-    "make_read_file_tool",
     "make_upload_middleware",
 ]

@@ -45,9 +45,9 @@ from deerflow_web.agent.runtime import context_value
 from deerflow_web.agent.runtime import required_user_id
 from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
+from deerflow_web.agent.runtime import thread_ref_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
-from deerflow_web.agent.uploads_source import list_records
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import Area
 from deerflow_web.models import UploadRecord
@@ -61,6 +61,7 @@ from deerflow_web.services.prompt.turn import message_files
 from deerflow_web.services.prompt.turn import record_to_state
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags
 from deerflow_web.storage.local import is_foreign_link
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 
@@ -111,18 +112,17 @@ class ThreadDataMiddleware(AgentMiddleware):
             UnsafeFolder: (`lazy_init=False`) a folder on the way is a link; nothing was
                 created through it.
         """
-        thread_id = thread_id_from(runtime)
-        if thread_id is None:
+        ref = thread_ref_from(runtime, self._require_user)
+        if ref is None:
             raise ValueError(THREAD_ID_REQUIRED)
-        user_id = required_user_id(runtime, self._require_user)
         if not self._lazy_init:
-            self._paths.ensure_thread_dirs(thread_id, user_id)
-            logger.debug("created folders of thread %s", thread_id)
+            self._paths.ensure_thread_dirs(ref)
+            logger.debug("created folders of thread %s", ref.thread_id)
         # Where the folders belong, for the sandbox: the app's own file operations check
         # each folder for planted links themselves, so a run is not refused here.
         update: dict[str, Any] = {
             "thread_data": {
-                f"{area.value}_path": str(self._paths.area_location(thread_id, area, user_id))
+                f"{area.value}_path": str(self._paths.area_location(ref, area))
                 for area in (Area.WORKSPACE, Area.UPLOADS, Area.OUTPUTS)
             }
         }
@@ -201,25 +201,31 @@ class UploadsMiddleware(AgentMiddleware):
             return self._incremental(state, runtime)
         return self._current(state, runtime)
 
-    def _records(self, thread_id: str, user_id: str | None) -> list[UploadRecord] | None:
+    def _thread(self, runtime: Any, *, use_config: bool = True) -> ThreadFolders | None:
+        """The run's thread for this turn (made once, its folders walked once)."""
+        ref = thread_ref_from(runtime, self._require_user, use_config=use_config)
+        return None if ref is None else self._paths.folders(ref)
+
+    def _records(self, thread: ThreadFolders) -> list[UploadRecord] | None:
         try:
-            return list_records(self._lister, thread_id, user_id)
+            return list(self._lister.list_uploads(thread))
         except ValueError:
             raise  # an invalid thread or user id is the caller's bug, not a storage hiccup
         except Exception:
             # The turn must go on when the record index is unavailable: the current mode
             # still announces from the message, only the `uploads` key is left out.
-            logger.exception("cannot list the uploads of thread %s", thread_id)
+            logger.exception("cannot list the uploads of thread %s", thread.thread_id)
             return None
 
     def _current(self, state: Any, runtime: Any) -> dict[str, Any]:
-        thread_id = thread_id_from(runtime)
-        user_id = required_user_id(runtime, self._require_user)
+        required_user_id(runtime, self._require_user)  # even for a run without a thread
+        thread = self._thread(runtime)
+        thread_id = thread.thread_id if thread is not None else None
         uploads_dir = None
         records = None
-        if thread_id is not None:
-            uploads_dir = self._uploads_dir(thread_id, user_id)
-            records = self._records(thread_id, user_id) if uploads_dir is not None else None
+        if thread is not None:
+            uploads_dir = self._uploads_dir(thread)
+            records = self._records(thread) if uploads_dir is not None else None
         last = last_human(state_messages(state))
         raw_files = last.additional_kwargs.get("files") if last is not None else None
         turn = current_turn(raw_files, records, uploads_dir, max_files=self._max_files)
@@ -231,15 +237,16 @@ class UploadsMiddleware(AgentMiddleware):
         update["messages"] = self._replace_last(state, with_upload_block(last, turn.block))
         return update
 
-    def _uploads_dir(self, thread_id: str, user_id: str | None) -> Path | None:
+    @staticmethod
+    def _uploads_dir(thread: ThreadFolders) -> Path | None:
         """The uploads folder, or None when a link was planted on the way to it.
 
         The turn goes on without uploads rather than read through the link.
         """
         try:
-            return self._paths.uploads_dir(thread_id, user_id)
+            return thread.uploads_dir()
         except UnsafeFolder:
-            logger.warning("the uploads folder of thread %s is behind a link", thread_id)
+            logger.warning("the uploads folder of thread %s is behind a link", thread.thread_id)
             return None
 
     @staticmethod
@@ -249,11 +256,10 @@ class UploadsMiddleware(AgentMiddleware):
         return messages
 
     def _incremental(self, state: Any, runtime: Any) -> dict[str, Any]:
-        thread_id = thread_id_from(runtime)
-        if thread_id is None:
+        thread = self._thread(runtime)
+        if thread is None:
             return {"uploaded_files": []}
-        user_id = required_user_id(runtime, self._require_user)
-        records = self._records(thread_id, user_id)
+        records = self._records(thread)
         if records is None:
             return {"uploaded_files": []}
         last = last_human(state_messages(state))
@@ -262,7 +268,7 @@ class UploadsMiddleware(AgentMiddleware):
         turn = incremental_turn(
             records,
             state_value(state, "shown_uploads"),
-            self._uploads_dir(thread_id, user_id),
+            self._uploads_dir(thread),
             max_files=self._max_files,
         )
         update = turn.state_update()
@@ -271,14 +277,15 @@ class UploadsMiddleware(AgentMiddleware):
         return update
 
     def _legacy(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        thread_id = thread_id_from(runtime, use_config=False)
-        if thread_id is None:
+        if thread_id_from(runtime, use_config=False) is None:
             return None
         messages = state_messages(state)
         if not messages:
             return None
         shown = _legacy_shown_names(messages[:-1])
-        uploads_dir = self._uploads_dir(thread_id, required_user_id(runtime, self._require_user))
+        thread = self._thread(runtime, use_config=False)
+        assert thread is not None
+        uploads_dir = self._uploads_dir(thread)
         if uploads_dir is None:
             return None
         files = [

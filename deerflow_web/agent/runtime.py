@@ -14,6 +14,8 @@ from typing import Any
 
 from langchain_core.runnables.config import var_child_runnable_config
 
+from deerflow_web.models import SINGLE_USER
+from deerflow_web.models import ThreadRef
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import use_storage_group
 
@@ -115,3 +117,18 @@ def required_user_id(runtime: Any, required: bool) -> str | None:
     if user_id is None and required:
         raise ValueError(USER_ID_REQUIRED)
     return user_id
+
+
+def thread_ref_from(runtime: Any, required: bool, *, use_config: bool = True) -> ThreadRef | None:
+    """The run's thread as a validated reference, made once per tool call or turn; None
+    when the run names no thread.
+
+    Raises:
+        ValueError: The mode needs a user id and the run has none (`USER_ID_REQUIRED`).
+        InvalidThreadId, InvalidUserId: The run's ids are malformed.
+    """
+    thread_id = thread_id_from(runtime, use_config=use_config)
+    if thread_id is None:
+        return None
+    user_id = required_user_id(runtime, required)
+    return ThreadRef(thread_id, SINGLE_USER if user_id is None else user_id)

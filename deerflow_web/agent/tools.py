@@ -10,9 +10,14 @@ config's `configurable.thread_id` is used. Tool errors are raised as `ToolExcept
 Markdown text, converting it on demand through the same background jobs as the Convert
 button (SPEC D17). Given only a base dir, the tools build those jobs from the settings.
 
+One component owns the four tools: `UploadTools(...)` is built once with everything they
+share (the data dir, the upload records, the conversion jobs, the auth mode), and its
+`tools` attribute is what an agent gets. Each tool call makes the thread's handle once,
+from the runtime context (`UploadTools.thread`), and works through it.
+
 Wiring::
 
-    tools = make_file_tools(base_dir=settings.base_dir, upload_service=service)
+    tools = UploadTools(base_dir=settings.base_dir, upload_service=service).tools
     agent = create_agent(model, tools=tools, middleware=make_upload_middleware(...))
 """
 
@@ -33,12 +38,11 @@ from langchain_core.tools import tool
 
 from deerflow_web.agent.messages import state_value
 from deerflow_web.agent.runtime import auth_required
-from deerflow_web.agent.runtime import required_user_id
 from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
+from deerflow_web.agent.runtime import thread_ref_from
 from deerflow_web.agent.uploads_source import DirectoryUploadLister
 from deerflow_web.agent.uploads_source import UploadLister
-from deerflow_web.agent.uploads_source import list_records
 from deerflow_web.errors import DeerFlowError
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
@@ -51,6 +55,7 @@ from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
 
 logger = logging.getLogger(__name__)
@@ -66,7 +71,7 @@ class DocumentSource:
 
     Built lazily so that making the tools touches nothing on disk, and from the settings
     (config.yaml, DEER_FLOW_HOME) when the caller gives no jobs, so that
-    `make_file_tools(base_dir=...)` alone reads documents like the app converts them.
+    `UploadTools(base_dir=...)` alone reads documents like the app converts them.
     """
 
     def __init__(
@@ -99,10 +104,10 @@ class DocumentSource:
                     self._wait = settings.agent.read_conversion_wait_seconds
             return self._jobs, self._wait
 
-    def for_thread(self, thread_id: str, user_id: str | None) -> DocumentTexts:
+    def for_thread(self, thread: ThreadFolders) -> DocumentTexts:
         """The documents of one thread."""
         jobs, wait = self.jobs()
-        return DocumentTexts(jobs, thread_id, user_id, wait)
+        return DocumentTexts(jobs, thread, wait)
 
 
 def _current_run_names(runtime: Any) -> set[str]:
@@ -115,329 +120,250 @@ def _current_run_names(runtime: Any) -> set[str]:
         return set()
 
 
-def _user_id(runtime: Any, require_user: bool) -> str | None:
-    """The run's user; a tool error (never the flat layout) when accounts need one."""
-    try:
-        return required_user_id(runtime, require_user)
-    except ValueError as error:
-        raise ToolException(str(error)) from error
+class UploadTools:
+    """`list_uploaded_files`, `read_file`, `glob` and `grep` over one data dir.
 
-
-def _user_data(
-    paths: ThreadPaths,
-    runtime: Any,
-    documents: DocumentSource | None,
-    lister: UploadLister | None,
-    require_user: bool,
-) -> UserDataFiles:
-    thread_id = thread_id_from(runtime)
-    if thread_id is None:
-        raise ToolException("No thread is attached to this run, so there are no files to read.")
-    user_id = _user_id(runtime, require_user)
-
-    def listed_upload(name: str) -> bool:
-        return lister is not None and any(
-            record.filename == name for record in list_records(lister, thread_id, user_id)
-        )
-
-    try:
-        texts = documents.for_thread(thread_id, user_id) if documents is not None else None
-        return UserDataFiles(paths, thread_id, user_id, texts, listed_upload)
-    except DeerFlowError as error:
-        raise ToolException(neutralize(str(error))) from error
-
-
-def _in_thread(
-    paths: ThreadPaths,
-    runtime: Any,
-    verb: str,
-    path: str,
-    action: Callable[[UserDataFiles], Result],
-    documents: DocumentSource | None = None,
-    lister: UploadLister | None = None,
-    require_user: bool = False,
-) -> Result:
-    """Run a file action in the run's thread; failures become messages the model can use."""
-    files = _user_data(paths, runtime, documents, lister, require_user)
-    try:
-        return run_file_tool(verb, path, lambda: action(files))
-    except FileToolFailure as error:
-        raise ToolException(str(error)) from error
-
-
-def make_list_uploaded_files_tool(
-    *,
-    base_dir: str | os.PathLike[str] | None = None,
-    upload_service: UploadLister | None = None,
-    paths: ThreadPaths | None = None,
-    require_user: bool | None = None,
-) -> BaseTool:
-    """Build `list_uploaded_files` (SPEC 4.6 with D12's `query` and `extensions`).
-
-    Args:
-        base_dir: Data root; None uses the app's settings.
-        upload_service: Source of upload records; None derives them from the folder.
-        paths: A ready `ThreadPaths` (wins over base_dir).
-        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
-            follows the app's settings when they are used, else False.
+    Attributes:
+        tools: The four tools, in that order, for `create_agent(tools=...)`.
     """
-    needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = resolve_thread_paths(base_dir, paths)
-    lister: UploadLister = upload_service or DirectoryUploadLister(thread_paths)
 
-    @tool(parse_docstring=True)
-    def list_uploaded_files(
-        include_outline: bool | list[str] = False,
-        max_results: int = 20,
-        query: str | None = None,
-        extensions: list[str] | str | None = None,
-        runtime: Annotated[Any, InjectedToolArg] = None,
-    ) -> dict[str, Any]:
-        """List files uploaded to this conversation in earlier turns, newest first.
-
-        Files attached to the current message are already described in the upload block
-        of that message and are not listed again.
+    def __init__(
+        self,
+        *,
+        base_dir: str | os.PathLike[str] | None = None,
+        paths: ThreadPaths | None = None,
+        upload_service: UploadLister | None = None,
+        conversion_jobs: ConversionJobs | None = None,
+        read_wait_seconds: float | None = None,
+        require_user: bool | None = None,
+    ) -> None:
+        """Configure the tools.
 
         Args:
-            include_outline: True to add the heading outline (or first lines) of every
-                listed document that has a Markdown version, or a list of exact filenames
-                that should get one.
-            max_results: Maximum number of files to return, from 1 to 100.
-            query: Case-insensitive part of a filename to look for.
-            extensions: File extensions to keep, such as ["pdf", ".xlsx"].
+            base_dir: Data root; None uses the app's settings (as `paths` does when given:
+                the app's own `ThreadPaths`).
+            paths: A ready `ThreadPaths`, shared with the rest of the app, instead of
+                `base_dir`; giving both is an error.
+            upload_service: Source of upload records (the app's `UploadService` is also
+                reused for document conversions); None derives the listing from the folder
+                and reads no hard-linked file.
+            conversion_jobs: The app's `ConversionJobs`, when the tools run in the app's
+                process; None builds them from the settings on first use.
+            read_wait_seconds: How long `read_file` and `grep` wait for a conversion; None
+                uses `agent.read_conversion_wait_seconds`.
+            require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
+                follows the app's settings when they are used, else False.
+
+        Raises:
+            ValueError: Both `base_dir` and `paths`.
         """
-        thread_id = thread_id_from(runtime)
-        if runtime is None and thread_id is None:
-            return {"files": [], "message": NO_RUNTIME}
-        if thread_id is None:
-            return {"files": [], "message": THREAD_NOT_FOUND}
-        user_id = _user_id(runtime, needs_user)
+        if base_dir is not None and paths is not None:
+            raise ValueError("give base_dir or paths, not both")
+        self.require_user = auth_required(require_user, base_dir is None and paths is None)
+        self.paths = resolve_thread_paths(base_dir, paths)
+        self.upload_service = upload_service
+        self._lister: UploadLister = upload_service or DirectoryUploadLister(self.paths)
+        self.documents = DocumentSource(
+            self.paths,
+            upload_service=upload_service,
+            conversion_jobs=conversion_jobs,
+            wait_seconds=read_wait_seconds,
+        )
+        self.tools: list[BaseTool] = [
+            self._list_uploaded_files_tool(),
+            self._read_file_tool(),
+            self._glob_tool(),
+            self._grep_tool(),
+        ]
+
+    def by_name(self) -> dict[str, BaseTool]:
+        """The tools by their names."""
+        return {t.name: t for t in self.tools}
+
+    def thread(self, runtime: Any) -> ThreadFolders | None:
+        """The run's thread for one tool call: validated once, its folders walked once;
+        None when the run names no thread.
+
+        Raises:
+            ToolException: The mode needs a user id and the run has none, or an id is
+                malformed.
+        """
         try:
-            uploads_dir = thread_paths.uploads_dir(thread_id, user_id)
+            ref = thread_ref_from(runtime, self.require_user)
         except DeerFlowError as error:
             raise ToolException(neutralize(str(error))) from error
-        return list_uploaded_files_result(
-            uploads_dir,
-            lambda: list_records(lister, thread_id, user_id),
-            current_names=_current_run_names(runtime),
-            include_outline=include_outline,
-            max_results=max_results,
-            query=query,
-            extensions=extensions,
-        )
+        except ValueError as error:
+            raise ToolException(str(error)) from error
+        return None if ref is None else self.paths.folders(ref)
 
-    list_uploaded_files.handle_tool_error = True
-    return list_uploaded_files
+    def _files(self, runtime: Any, documents: bool) -> UserDataFiles:
+        thread = self.thread(runtime)
+        if thread is None:
+            raise ToolException("No thread is attached to this run, so there are no files to read.")
+        lister = self.upload_service
 
+        def listed_upload(name: str) -> bool:
+            return lister is not None and any(
+                record.filename == name for record in lister.list_uploads(thread)
+            )
 
-def make_read_file_tool(
-    *,
-    base_dir: str | os.PathLike[str] | None = None,
-    paths: ThreadPaths | None = None,
-    upload_service: UploadLister | None = None,
-    conversion_jobs: ConversionJobs | None = None,
-    read_wait_seconds: float | None = None,
-    documents: DocumentSource | None = None,
-    require_user: bool | None = None,
-) -> BaseTool:
-    """Build `read_file` over the thread's /mnt/user-data (text files, numbered lines).
+        try:
+            texts = self.documents.for_thread(thread) if documents else None
+            return UserDataFiles(thread, texts, listed_upload)
+        except DeerFlowError as error:
+            raise ToolException(neutralize(str(error))) from error
 
-    Args:
-        base_dir: Data root; None uses the app's settings.
-        paths: A ready `ThreadPaths` (wins over base_dir).
-        upload_service: The app's `UploadService`, reused for document records.
-        conversion_jobs: The app's `ConversionJobs`; None builds them from the settings.
-        read_wait_seconds: How long a call waits for a conversion; None uses
-            `agent.read_conversion_wait_seconds`.
-        documents: A `DocumentSource` shared with `grep` (wins over the three above).
-        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
-            follows the app's settings when they are used, else False.
-    """
-    needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = resolve_thread_paths(base_dir, paths)
-    source = documents or DocumentSource(
-        thread_paths,
-        upload_service=upload_service,
-        conversion_jobs=conversion_jobs,
-        wait_seconds=read_wait_seconds,
-    )
-
-    @tool(parse_docstring=True)
-    def read_file(
+    def _in_thread(
+        self,
+        runtime: Any,
+        verb: str,
         path: str,
-        start_line: int | None = None,
-        end_line: int | None = None,
-        runtime: Annotated[Any, InjectedToolArg] = None,
-    ) -> str:
-        """Read a file of this conversation, with line numbers.
+        action: Callable[[UserDataFiles], Result],
+        *,
+        documents: bool = False,
+    ) -> Result:
+        """Run a file action in the run's thread; failures become messages the model can use."""
+        files = self._files(runtime, documents)
+        try:
+            return run_file_tool(verb, path, lambda: action(files))
+        except FileToolFailure as error:
+            raise ToolException(str(error)) from error
 
-        PDF, Word, Excel and PowerPoint files are read as their Markdown text; the line
-        numbers of a document outline refer to that text, so use them to read one section.
-        At most 2000 lines are returned per call.
+    def _list_uploaded_files_tool(self) -> BaseTool:
+        lister = self._lister
+        thread_of = self.thread
 
-        Args:
-            path: Absolute virtual path, such as /mnt/user-data/uploads/report.md.
-            start_line: First line to read (1-based, inclusive); defaults to 1.
-            end_line: Last line to read (inclusive); defaults to the end, within the limit.
-        """
-        return _in_thread(
-            thread_paths,
-            runtime,
-            "read",
-            path,
-            lambda files: files.read(path, start_line, end_line),
-            documents=source,
-            lister=upload_service,
-            require_user=needs_user,
-        )
+        @tool(parse_docstring=True)
+        def list_uploaded_files(
+            include_outline: bool | list[str] = False,
+            max_results: int = 20,
+            query: str | None = None,
+            extensions: list[str] | str | None = None,
+            runtime: Annotated[Any, InjectedToolArg] = None,
+        ) -> dict[str, Any]:
+            """List files uploaded to this conversation in earlier turns, newest first.
 
-    read_file.handle_tool_error = True
-    return read_file
+            Files attached to the current message are already described in the upload block
+            of that message and are not listed again.
+
+            Args:
+                include_outline: True to add the heading outline (or first lines) of every
+                    listed document that has a Markdown version, or a list of exact filenames
+                    that should get one.
+                max_results: Maximum number of files to return, from 1 to 100.
+                query: Case-insensitive part of a filename to look for.
+                extensions: File extensions to keep, such as ["pdf", ".xlsx"].
+            """
+            if runtime is None and thread_id_from(runtime) is None:
+                return {"files": [], "message": NO_RUNTIME}
+            thread = thread_of(runtime)
+            if thread is None:
+                return {"files": [], "message": THREAD_NOT_FOUND}
+            try:
+                uploads_dir = thread.uploads_dir()
+            except DeerFlowError as error:
+                raise ToolException(neutralize(str(error))) from error
+            return list_uploaded_files_result(
+                uploads_dir,
+                lambda: list(lister.list_uploads(thread)),
+                current_names=_current_run_names(runtime),
+                include_outline=include_outline,
+                max_results=max_results,
+                query=query,
+                extensions=extensions,
+            )
+
+        list_uploaded_files.handle_tool_error = True
+        return list_uploaded_files
+
+    def _read_file_tool(self) -> BaseTool:
+        in_thread = self._in_thread
+
+        @tool(parse_docstring=True)
+        def read_file(
+            path: str,
+            start_line: int | None = None,
+            end_line: int | None = None,
+            runtime: Annotated[Any, InjectedToolArg] = None,
+        ) -> str:
+            """Read a file of this conversation, with line numbers.
+
+            PDF, Word, Excel and PowerPoint files are read as their Markdown text; the line
+            numbers of a document outline refer to that text, so use them to read one
+            section. At most 2000 lines are returned per call.
+
+            Args:
+                path: Absolute virtual path, such as /mnt/user-data/uploads/report.md.
+                start_line: First line to read (1-based, inclusive); defaults to 1.
+                end_line: Last line to read (inclusive); defaults to the end, within the limit.
+            """
+            return in_thread(
+                runtime,
+                "read",
+                path,
+                lambda files: files.read(path, start_line, end_line),
+                documents=True,
+            )
+
+        read_file.handle_tool_error = True
+        return read_file
+
+    def _glob_tool(self) -> BaseTool:
+        in_thread = self._in_thread
+
+        @tool(parse_docstring=True)
+        def glob(
+            pattern: str,
+            path: str = VIRTUAL_PATH_PREFIX,
+            runtime: Annotated[Any, InjectedToolArg] = None,
+        ) -> dict[str, Any]:
+            """Find files by name pattern, such as '**/*.md' or '*.pdf'.
+
+            `*` matches within one folder, `**` matches any number of folders.
+
+            Args:
+                pattern: Pattern relative to `path`.
+                path: Folder to search, such as /mnt/user-data/uploads.
+            """
+            return in_thread(runtime, "list", path, lambda files: files.glob(pattern, path))
+
+        glob.handle_tool_error = True
+        return glob
+
+    def _grep_tool(self) -> BaseTool:
+        in_thread = self._in_thread
+
+        @tool(parse_docstring=True)
+        def grep(
+            pattern: str,
+            path: str = VIRTUAL_UPLOADS_DIR,
+            glob: str | None = None,
+            max_results: int = 50,
+            runtime: Annotated[Any, InjectedToolArg] = None,
+        ) -> dict[str, Any]:
+            """Search file contents for a regular expression and return matching lines.
+
+            PDF, Word, Excel and PowerPoint files are searched through their Markdown text.
+            Documents whose text is not ready are listed under "skipped".
+
+            Args:
+                pattern: Python regular expression, such as 'revenue|income'.
+                path: File or folder to search, such as /mnt/user-data/uploads.
+                glob: Only search files whose name matches this pattern, such as '*.md'.
+                max_results: Maximum number of matching lines to return, from 1 to 200.
+            """
+            return in_thread(
+                runtime,
+                "search",
+                path,
+                lambda files: files.grep(pattern, path, glob, max_results),
+                documents=True,
+            )
+
+        grep.handle_tool_error = True
+        return grep
 
 
-def make_glob_tool(
-    *,
-    base_dir: str | os.PathLike[str] | None = None,
-    paths: ThreadPaths | None = None,
-    upload_service: UploadLister | None = None,
-    require_user: bool | None = None,
-) -> BaseTool:
-    """Build `glob`: find files by name pattern under the thread's /mnt/user-data."""
-    needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = resolve_thread_paths(base_dir, paths)
-
-    @tool(parse_docstring=True)
-    def glob(
-        pattern: str,
-        path: str = VIRTUAL_PATH_PREFIX,
-        runtime: Annotated[Any, InjectedToolArg] = None,
-    ) -> dict[str, Any]:
-        """Find files by name pattern, such as '**/*.md' or '*.pdf'.
-
-        `*` matches within one folder, `**` matches any number of folders.
-
-        Args:
-            pattern: Pattern relative to `path`.
-            path: Folder to search, such as /mnt/user-data/uploads.
-        """
-        return _in_thread(
-            thread_paths,
-            runtime,
-            "list",
-            path,
-            lambda files: files.glob(pattern, path),
-            lister=upload_service,
-            require_user=needs_user,
-        )
-
-    glob.handle_tool_error = True
-    return glob
-
-
-def make_grep_tool(
-    *,
-    base_dir: str | os.PathLike[str] | None = None,
-    paths: ThreadPaths | None = None,
-    upload_service: UploadLister | None = None,
-    conversion_jobs: ConversionJobs | None = None,
-    read_wait_seconds: float | None = None,
-    documents: DocumentSource | None = None,
-    require_user: bool | None = None,
-) -> BaseTool:
-    """Build `grep`: search the text of the thread's files with a regular expression.
-
-    Documents are searched through their Markdown text, as `read_file` reads them; the
-    arguments are `make_read_file_tool`'s.
-    """
-    needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = resolve_thread_paths(base_dir, paths)
-    source = documents or DocumentSource(
-        thread_paths,
-        upload_service=upload_service,
-        conversion_jobs=conversion_jobs,
-        wait_seconds=read_wait_seconds,
-    )
-
-    @tool(parse_docstring=True)
-    def grep(
-        pattern: str,
-        path: str = VIRTUAL_UPLOADS_DIR,
-        glob: str | None = None,
-        max_results: int = 50,
-        runtime: Annotated[Any, InjectedToolArg] = None,
-    ) -> dict[str, Any]:
-        """Search file contents for a regular expression and return matching lines.
-
-        PDF, Word, Excel and PowerPoint files are searched through their Markdown text.
-        Documents whose text is not ready are listed under "skipped".
-
-        Args:
-            pattern: Python regular expression, such as 'revenue|income'.
-            path: File or folder to search, such as /mnt/user-data/uploads.
-            glob: Only search files whose name matches this pattern, such as '*.md'.
-            max_results: Maximum number of matching lines to return, from 1 to 200.
-        """
-        return _in_thread(
-            thread_paths,
-            runtime,
-            "search",
-            path,
-            lambda files: files.grep(pattern, path, glob, max_results),
-            documents=source,
-            lister=upload_service,
-            require_user=needs_user,
-        )
-
-    grep.handle_tool_error = True
-    return grep
-
-
-def make_file_tools(
-    *,
-    base_dir: str | os.PathLike[str] | None = None,
-    upload_service: UploadLister | None = None,
-    paths: ThreadPaths | None = None,
-    conversion_jobs: ConversionJobs | None = None,
-    read_wait_seconds: float | None = None,
-    require_user: bool | None = None,
-) -> list[BaseTool]:
-    """All four tools, sharing one `ThreadPaths` and one set of conversion jobs.
-
-    Args:
-        base_dir: Data root; None uses the app's settings.
-        upload_service: Source of upload records (the app's `UploadService` is also reused
-            for document conversions); None derives the listing from the folder.
-        paths: A ready `ThreadPaths` (wins over base_dir).
-        conversion_jobs: The app's `ConversionJobs`, when the tools run in the app's
-            process; None builds them from the settings on first use.
-        read_wait_seconds: How long `read_file` and `grep` wait for a conversion; None
-            uses `agent.read_conversion_wait_seconds`.
-        require_user: Refuse runs without a user id (accounts on, SPEC 7.4); None
-            follows the app's settings when they are used, else False.
-    """
-    needs_user = auth_required(require_user, base_dir is None and paths is None)
-    thread_paths = resolve_thread_paths(base_dir, paths)
-    documents = DocumentSource(
-        thread_paths,
-        upload_service=upload_service,
-        conversion_jobs=conversion_jobs,
-        wait_seconds=read_wait_seconds,
-    )
-    return [
-        make_list_uploaded_files_tool(
-            upload_service=upload_service, paths=thread_paths, require_user=needs_user
-        ),
-        make_read_file_tool(
-            paths=thread_paths,
-            upload_service=upload_service,
-            documents=documents,
-            require_user=needs_user,
-        ),
-        make_glob_tool(paths=thread_paths, upload_service=upload_service, require_user=needs_user),
-        make_grep_tool(
-            paths=thread_paths,
-            upload_service=upload_service,
-            documents=documents,
-            require_user=needs_user,
-        ),
-    ]
+def make_file_tools(**options: Any) -> list[BaseTool]:
+    """`UploadTools(**options).tools`: the four tools, for a one-line `create_agent`."""
+    return UploadTools(**options).tools

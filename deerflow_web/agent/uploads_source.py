@@ -20,6 +20,8 @@ from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.local import is_foreign_link
+from deerflow_web.storage.paths import Thread
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
 
@@ -32,19 +34,9 @@ _MAX_CACHED_HASHES = 10_000
 class UploadLister(Protocol):
     """The one method of the upload service the agent side needs."""
 
-    def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
+    def list_uploads(self, thread: ThreadFolders) -> list[UploadRecord]:
         """Return the thread's records; companions carry `converted_from`."""
         ...
-
-
-def list_records(lister: UploadLister, thread_id: str, user_id: str | None) -> list[UploadRecord]:
-    """Call `list_uploads`, passing the user only when there is one.
-
-    Services written for the single-user layout may not take `user_id` at all.
-    """
-    if user_id is None:
-        return list(lister.list_uploads(thread_id))
-    return list(lister.list_uploads(thread_id, user_id=user_id))
 
 
 class DirectoryUploadLister:
@@ -61,10 +53,11 @@ class DirectoryUploadLister:
         self._hashes: dict[tuple[str, int, int, int], str] = {}
         self._lock = threading.Lock()
 
-    def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
+    def list_uploads(self, thread: Thread) -> list[UploadRecord]:
         """Return one record per regular file in the thread's uploads folder, by name
         (hard-linked files left out: no record can vouch for them)."""
-        uploads_dir = self._paths.uploads_dir(thread_id, user_id)
+        folders = thread if isinstance(thread, ThreadFolders) else self._paths.folders(thread)
+        uploads_dir = folders.uploads_dir()
         if not uploads_dir.is_dir():
             return []
         entries = [

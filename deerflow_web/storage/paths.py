@@ -20,19 +20,23 @@ import stat
 from collections.abc import Iterator
 from collections.abc import Mapping
 from pathlib import Path
+from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from deerflow_web.errors import ArtifactPrefixError
 from deerflow_web.errors import ConfigError
-from deerflow_web.errors import InvalidThreadId
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import PathTraversal
 from deerflow_web.errors import UnsafeFolder
+from deerflow_web.models import SINGLE_USER
+from deerflow_web.models import THREAD_ID_RE
+from deerflow_web.models import USER_ID_RE
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
+from deerflow_web.models import ThreadRef
+from deerflow_web.models import validate_thread_id
+from deerflow_web.models import validate_user_id
 
-THREAD_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-USER_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 _UNSAFE_USER_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 DEFAULT_USER_ID = "default"
@@ -155,20 +159,6 @@ def _chmod_own(path: Path, mode: int) -> None:
         )
 
 
-def validate_thread_id(thread_id: object) -> str:
-    """Return the id unchanged, or raise InvalidThreadId (SPEC 1.4)."""
-    if not isinstance(thread_id, str) or THREAD_ID_RE.fullmatch(thread_id) is None:
-        raise InvalidThreadId(thread_id)
-    return thread_id
-
-
-def validate_user_id(user_id: object) -> str:
-    """Return the id unchanged, or raise InvalidUserId (SPEC 1.5)."""
-    if not isinstance(user_id, str) or USER_ID_RE.fullmatch(user_id) is None:
-        raise InvalidUserId(user_id)
-    return user_id
-
-
 def safe_user_id(raw: str) -> str:
     """Map an external identity onto a directory-safe bucket name (SPEC 1.5).
 
@@ -225,16 +215,20 @@ class ThreadPaths:
 
     Every folder returned has been checked: each of its components below the base dir
     that exists is a real folder, not a link (a missing tail is fine: it is not created).
+    A request or a tool call works through `folders(ref)`, which walks once.
     """
 
     def __init__(self, base_dir: str | os.PathLike[str]) -> None:
         self.base_dir = Path(base_dir).resolve()
 
-    def _thread_dir(self, thread_id: str, user_id: str | None) -> Path:
-        validate_thread_id(thread_id)
-        if user_id is None:
-            return self.base_dir / "threads" / thread_id
-        return self.base_dir / "users" / validate_user_id(user_id) / "threads" / thread_id
+    def _thread_dir(self, ref: ThreadRef) -> Path:
+        if ref.is_single_user:
+            return self.base_dir / "threads" / ref.thread_id
+        return self.base_dir / "users" / ref.user_id / "threads" / ref.thread_id
+
+    def folders(self, ref: ThreadRef) -> ThreadFolders:
+        """The thread's folders for one request or tool call (walked on first use, once)."""
+        return ThreadFolders(self, ref)
 
     def checked(self, path: Path) -> Path:
         """`path` itself, once each existing component below the base dir is a real folder.
@@ -299,75 +293,58 @@ class ThreadPaths:
         created.reverse()
         return created
 
-    def thread_dir(self, thread_id: str, user_id: str | None = None) -> Path:
-        """Flat layout without a user, per-user layout with one (SPEC D1)."""
-        return self.checked(self._thread_dir(thread_id, user_id))
+    def thread_dir(self, ref: ThreadRef) -> Path:
+        """Flat layout in the single-user mode, per-user layout otherwise (SPEC D1)."""
+        return self.checked(self._thread_dir(ref))
 
-    def scope(self, thread_id: str, user_id: str | None = None) -> str:
+    def scope(self, ref: ThreadRef) -> str:
         """The thread's key in the upload records: its folder relative to the base dir."""
-        return self._thread_dir(thread_id, user_id).relative_to(self.base_dir).as_posix()
+        return self._thread_dir(ref).relative_to(self.base_dir).as_posix()
 
-    def parse_scope(self, scope: str) -> tuple[str, str | None]:
-        """(thread id, user id) of a records key made by `scope`.
+    def parse_scope(self, scope: str) -> ThreadRef:
+        """The thread of a records key made by `scope`.
 
         Raises:
             ValueError: Not a key `scope` makes.
         """
         parts = scope.split("/")
         if len(parts) == 2 and parts[0] == "threads":
-            return validate_thread_id(parts[1]), None
+            return ThreadRef.single_user(validate_thread_id(parts[1]))
         if len(parts) == 4 and parts[0] == "users" and parts[2] == "threads":
-            return validate_thread_id(parts[3]), validate_user_id(parts[1])
+            return ThreadRef(validate_thread_id(parts[3]), validate_user_id(parts[1]))
         raise ValueError(f"not a thread scope: {scope!r}")
 
-    def user_data_dir(self, thread_id: str, user_id: str | None = None) -> Path:
+    def user_data_dir(self, ref: ThreadRef) -> Path:
         """The folder agents see as /mnt/user-data."""
-        return self.checked(self._thread_dir(thread_id, user_id) / "user-data")
+        return self.checked(self.user_data_location(ref))
 
-    def area_dir(self, thread_id: str, area: Area, user_id: str | None = None) -> Path:
+    def user_data_location(self, ref: ThreadRef) -> Path:
+        """Where user-data belongs, unchecked (see `area_location`)."""
+        return self._thread_dir(ref) / "user-data"
+
+    def area_dir(self, ref: ThreadRef, area: Area) -> Path:
         """One of uploads/, workspace/, outputs/."""
-        return self.checked(self.area_location(thread_id, area, user_id))
+        return self.checked(self.area_location(ref, area))
 
-    def area_location(self, thread_id: str, area: Area, user_id: str | None = None) -> Path:
+    def area_location(self, ref: ThreadRef, area: Area) -> Path:
         """Where an area belongs, unchecked: only to tell a sandbox where to look, never for
         the app's own reads or writes (use `area_dir` for those)."""
-        return self._thread_dir(thread_id, user_id) / "user-data" / Area(area).value
+        return self._thread_dir(ref) / "user-data" / Area(area).value
 
-    def uploads_dir(self, thread_id: str, user_id: str | None = None) -> Path:
+    def uploads_dir(self, ref: ThreadRef) -> Path:
         """The thread's uploads folder (not created)."""
-        return self.area_dir(thread_id, Area.UPLOADS, user_id)
+        return self.area_dir(ref, Area.UPLOADS)
 
-    def ensure_thread_dirs(self, thread_id: str, user_id: str | None = None) -> None:
+    def ensure_thread_dirs(self, ref: ThreadRef) -> None:
         """Create workspace/, uploads/ and outputs/ with the folder mode (an existing area
         left more open by an earlier release is tightened on the way)."""
-        user_data = self._thread_dir(thread_id, user_id) / "user-data"
+        user_data = self._thread_dir(ref) / "user-data"
         for area in Area:
             self.make_dirs(user_data / area.value, mode=storage_modes().folder)
 
-    def delete_thread_dir(self, thread_id: str, user_id: str | None = None) -> None:
+    def delete_thread_dir(self, ref: ThreadRef) -> None:
         """Remove the thread's whole folder; a missing one is fine."""
-        shutil.rmtree(self.thread_dir(thread_id, user_id), ignore_errors=True)
-
-    def resolve_virtual_path(
-        self, thread_id: str, virtual_path: str, user_id: str | None = None
-    ) -> Path:
-        """Map /mnt/user-data/... onto the host, refusing anything that leaves user-data.
-
-        The result may not exist and may be a directory (SPEC 1.9).
-        """
-        stripped = virtual_path.lstrip("/")
-        prefix = VIRTUAL_PATH_PREFIX.lstrip("/")
-        if stripped != prefix and not stripped.startswith(prefix + "/"):
-            raise ArtifactPrefixError()
-        relative = stripped[len(prefix) :].lstrip("/")
-        base = self.user_data_dir(thread_id, user_id)
-        area = relative.split("/", 1)[0]
-        if area in {a.value for a in Area}:
-            self.checked(base / area)  # a linked area is refused even when it stays inside
-        actual = (base / relative).resolve()
-        if not actual.is_relative_to(base):
-            raise PathTraversal()
-        return actual
+        shutil.rmtree(self.thread_dir(ref), ignore_errors=True)
 
     def iter_uploads_dirs(self) -> Iterator[Path]:
         """Every existing uploads folder in both layouts, for start-up sweeps and indexes.
@@ -383,11 +360,12 @@ class ThreadPaths:
                 if folder.is_dir():
                     yield folder
 
-    def iter_thread_ids(self, user_id: str | None = None) -> Iterator[str]:
-        """Ids of the threads that have a folder in the given layout."""
+    def iter_thread_ids(self, user_id: str) -> Iterator[str]:
+        """Ids of the threads that have a folder in the owner's layout (`SINGLE_USER`:
+        the flat one)."""
         root = self.checked(
             self.base_dir / "threads"
-            if user_id is None
+            if user_id == SINGLE_USER
             else (self.base_dir / "users" / validate_user_id(user_id) / "threads")
         )
         if not root.is_dir():
@@ -395,3 +373,168 @@ class ThreadPaths:
         for entry in os.scandir(root):
             if entry.is_dir(follow_symlinks=False) and THREAD_ID_RE.fullmatch(entry.name):
                 yield entry.name
+
+
+class ThreadFolders:
+    """One thread's folders for the length of a request or a tool call.
+
+    The folders are walked from the data dir down once, on first use (one `open` per
+    level, no link followed: `ThreadPaths._walk`); an area below the walked user-data is
+    then one `lstat`. Everything that maps a path of the thread onto the disk goes through
+    here, the virtual-path resolver of artifacts, previews, the agent's file access and
+    document text included, so the rules of SPEC 1.9 are written once. Not shared between
+    requests: a folder replaced by a link later is seen by the next request's walk.
+    """
+
+    def __init__(self, paths: ThreadPaths, ref: ThreadRef) -> None:
+        self.paths = paths
+        self.ref = ref
+        self.scope = paths.scope(ref)
+        self._walked = False
+        self._unsafe: UnsafeFolder | None = None  # what the walk refused, if anything
+        self._user_data_exists = False
+        self._areas: dict[Area, Path] = {}
+        self._existing: set[Path] = set()
+
+    @property
+    def thread_id(self) -> str:
+        return self.ref.thread_id
+
+    def _walk(self) -> None:
+        """The one walk: from the data dir down to user-data, remembering what it refused
+        (a refusal concerns the folders at and below the refused one only)."""
+        if self._walked:
+            return
+        location = self.paths.user_data_location(self.ref)
+        try:
+            self.paths.checked(location)
+            self._user_data_exists = os.path.isdir(location)
+        except UnsafeFolder as error:
+            self._unsafe = error
+        self._walked = True
+
+    def _checked(self, path: Path) -> Path:
+        """`path` (the thread folder or user-data), once the walk found it safe."""
+        self._walk()
+        refused = self._unsafe
+        if refused is not None:
+            depth = len(path.relative_to(self.paths.base_dir).parts)
+            if len(PurePosixPath(refused.relative).parts) <= depth:
+                raise UnsafeFolder(refused.relative)
+        return path
+
+    def thread_dir(self) -> Path:
+        """The thread's own folder, checked (by the one walk).
+
+        Raises:
+            UnsafeFolder: It, or a folder above it, is a link or not a folder.
+        """
+        return self._checked(self.paths._thread_dir(self.ref))
+
+    def user_data_dir(self) -> Path:
+        """/mnt/user-data on the host, checked (by the one walk).
+
+        Raises:
+            UnsafeFolder: A folder on the way is a link or not a folder.
+        """
+        return self._checked(self.paths.user_data_location(self.ref))
+
+    def area_location(self, area: Area) -> Path:
+        """Where an area belongs, unchecked (see `ThreadPaths.area_location`)."""
+        return self.paths.area_location(self.ref, area)
+
+    def area_dir(self, area: Area) -> Path:
+        """One of uploads/, workspace/, outputs/, checked (a missing one is fine).
+
+        Raises:
+            UnsafeFolder: It, or a folder above it, is a link or not a folder.
+        """
+        area = Area(area)
+        found = self._areas.get(area)
+        if found is not None:
+            return found
+        folder = self.user_data_dir() / area.value
+        if self._user_data_exists:
+            try:
+                info = os.lstat(folder)
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISDIR(info.st_mode):  # a link, a file
+                    raise UnsafeFolder(folder.relative_to(self.paths.base_dir).as_posix())
+                self._existing.add(folder)
+        self._areas[area] = folder
+        return folder
+
+    def uploads_dir(self) -> Path:
+        """The thread's uploads folder, checked (not created)."""
+        return self.area_dir(Area.UPLOADS)
+
+    def make_dirs(self, path: Path) -> list[Path]:
+        """`ThreadPaths.make_dirs` for a folder of this thread; nothing to walk again when
+        the handle's walk found it already there. Returns the folders created."""
+        if path in self._existing:
+            return []
+        created = self.paths.make_dirs(path)
+        self._existing.add(path)
+        if created:  # what the walk found missing exists now: the next use walks again
+            self._walked, self._unsafe = False, None
+            self._areas.clear()
+        return created
+
+    def recheck(self, path: Path) -> Path:
+        """Walk to `path` again, for a write that follows a long wait (an upload's commit
+        after its body streamed): a link planted meanwhile is refused before it is used.
+
+        Raises:
+            UnsafeFolder: A folder on the way is a link or not a folder now.
+        """
+        return self.paths.checked(path)
+
+    def resolve_virtual_path(self, virtual_path: str) -> Path:
+        """Map /mnt/user-data/... onto the host, refusing anything that leaves user-data.
+
+        The one resolver of virtual paths. The result may not exist and may be a directory
+        (SPEC 1.9).
+
+        Raises:
+            ArtifactPrefixError: Not under /mnt/user-data.
+            PathTraversal: `..` or a link inside that leads out of user-data.
+            UnsafeFolder: A linked area, even one that stays inside.
+        """
+        stripped = virtual_path.lstrip("/")
+        prefix = VIRTUAL_PATH_PREFIX.lstrip("/")
+        if stripped != prefix and not stripped.startswith(prefix + "/"):
+            raise ArtifactPrefixError()
+        relative = stripped[len(prefix) :].lstrip("/")
+        area = relative.split("/", 1)[0]
+        if area in _AREA_NAMES:
+            self.area_dir(Area(area))  # a linked area is refused even when it stays inside
+        return self._inside(self.user_data_dir(), relative)
+
+    def resolve_in_area(self, area: Area, relative: str) -> Path:
+        """A path of one area (the file manager's `folder`), refusing anything leaving it.
+
+        Raises:
+            PathTraversal, UnsafeFolder: As `resolve_virtual_path`, the area for the root.
+        """
+        return self._inside(self.area_dir(area), relative)
+
+    @staticmethod
+    def _inside(root: Path, relative: str) -> Path:
+        actual = (root / relative).resolve()
+        if not actual.is_relative_to(root.resolve()):
+            raise PathTraversal()
+        return actual
+
+
+_AREA_NAMES = frozenset(area.value for area in Area)
+
+# What services take for a thread: its handle for the request, or a bare reference (walked
+# afresh: a script, a test, a background job of its own).
+Thread = ThreadRef | ThreadFolders
+
+
+def ref_of(thread: Thread) -> ThreadRef:
+    """The reference of a handle or of a bare reference."""
+    return thread.ref if isinstance(thread, ThreadFolders) else thread

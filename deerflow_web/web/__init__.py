@@ -26,13 +26,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web import cli
     from deerflow_web.web import helpers
     from deerflow_web.web import i18n
+    from deerflow_web.web import thread_access
     from deerflow_web.web import wiring
     from deerflow_web.web.accounts import gate as auth
     from deerflow_web.web.errors import register_error_handlers
     from deerflow_web.web.extensions import csrf
     from deerflow_web.web.security import add_security_headers
     from deerflow_web.web.security import refuse_unknown_host
-    from deerflow_web.web.thread_access import check_thread_access
 
     overrides = dict(test_config or {})
     settings = load_settings(overrides.get("BASE_DIR"), config_path=overrides.get("CONFIG_PATH"))
@@ -81,7 +81,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         )
     if settings.auth.enabled:
         auth.init_app(app)
-    app.before_request(check_thread_access)  # after the sign-in gate: it needs the user
+    thread_access.init_app(app)  # after the sign-in gate: it needs the user
     cli.init_app(app)
 
     from deerflow_web.web.api import docs as api_docs

@@ -13,25 +13,36 @@ defined (`thread_may_be_new`): those that create one on success (uploads, a resu
 upload's creation, a first chat preview turn) and those that show an empty thread (the
 uploads list, the limits, the file manager's and the chat preview's pages, the tools
 panel, which only reads).
+
+The id is settled once per request: a URL value preprocessor takes it out of the view's
+arguments, and the hook, which runs after the host check and the sign-in gate (so their
+answers come first, as before), validates it, checks ownership and puts the thread's
+handle on `g` (`current_thread()`): its reference, its folders walked once and the
+records listed once, for every service the view calls. Views take no `thread_id`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from typing import TypeVar
 
+from flask import Flask
 from flask import current_app
+from flask import g
 from flask import request
 
 from deerflow_web.errors import ThreadNotFound
-from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.models import ThreadRef
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.web.security import refuse_cross_site
-from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import current_owner
 from deerflow_web.web.wiring import get_services
 
 View = TypeVar("View", bound=Callable[..., object])
 
 _MARK = "thread_may_be_new"
+_RAW_ID = "thread_id_in_url"
 
 
 def thread_may_be_new(view: View) -> View:
@@ -40,22 +51,40 @@ def thread_may_be_new(view: View) -> View:
     return view
 
 
+def take_thread_id(endpoint: str | None, values: dict[str, Any] | None) -> None:
+    """Take the URL's `thread_id` out of the view arguments, for `check_thread_access`."""
+    if values and "thread_id" in values:
+        setattr(g, _RAW_ID, values.pop("thread_id"))
+
+
 def check_thread_access() -> None:
     """422 for a malformed id; 404 for a thread the caller does not have (see the module)."""
-    args = request.view_args or {}
-    if "thread_id" not in args or request.endpoint is None:
+    if not hasattr(g, _RAW_ID) or request.endpoint is None:
         return
     if request.path.startswith("/api/"):
         # The API's origin check comes first, as it would in the API's own hook: a
         # cross-site request is refused before anything about its thread is looked up.
         settings = get_services().settings
         refuse_cross_site(settings.allowed_hosts, settings.allowed_origins)
-    thread_id = validate_thread_id(args["thread_id"])
+    raw = getattr(g, _RAW_ID)
     if request.method == "OPTIONS" and request.url_rule is not None:
         if request.url_rule.provide_automatic_options:
+            ThreadRef.single_user(raw)  # a malformed id is still 422
             return  # Flask answers it without running a view
+    ref = ThreadRef(raw, current_owner())
     view = current_app.view_functions.get(request.endpoint)
-    if getattr(view, _MARK, False):
-        return
-    if not get_services().threads.exists(current_user_id(), thread_id):
-        raise ThreadNotFound(thread_id)
+    if not getattr(view, _MARK, False) and not get_services().threads.exists(ref):
+        raise ThreadNotFound(ref.thread_id)
+    g.thread = get_services().uploads.folders(ref)
+
+
+def current_thread() -> ThreadFolders:
+    """The handle of the thread the request's URL names (set by `check_thread_access`)."""
+    thread: ThreadFolders = g.thread
+    return thread
+
+
+def init_app(app: Flask) -> None:
+    """Install the preprocessor and the hook; the hook after the sign-in gate's."""
+    app.url_value_preprocessor(take_thread_id)
+    app.before_request(check_thread_access)

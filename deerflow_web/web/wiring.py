@@ -11,6 +11,7 @@ from flask import Flask
 from flask import current_app
 
 from deerflow_web.errors import NotAuthenticated
+from deerflow_web.models import SINGLE_USER
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.conversion.runner import sweep_stale_work_folders
@@ -138,6 +139,17 @@ def get_chat_preview_service() -> ChatPreviewService:
 def get_tool_preview_service() -> ToolPreviewService:
     """The service that shows what the agent's file tools return."""
     return get_services().tool_previews
+
+
+def current_owner() -> str:
+    """The owner of the threads a request may touch: the signed-in account's id with
+    accounts on, `SINGLE_USER` (the flat layout) with accounts off (SPEC D16).
+
+    Raises:
+        NotAuthenticated: Accounts are on and nobody is signed in.
+    """
+    user_id = current_user_id()
+    return SINGLE_USER if user_id is None else user_id
 
 
 def current_user_id() -> str | None:

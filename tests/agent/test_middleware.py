@@ -16,9 +16,11 @@ from deerflow_web.agent.middleware import THREAD_ID_REQUIRED
 from deerflow_web.agent.middleware import ThreadDataMiddleware
 from deerflow_web.agent.middleware import UploadsMiddleware
 from deerflow_web.agent.middleware import make_upload_middleware
+from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.prompt.context_block import build_upload_context
 from deerflow_web.services.prompt.context_block import context_files_for
+from deerflow_web.storage.paths import ThreadFolders
 from tests.support.agent_helpers import human_with_files
 from tests.support.agent_helpers import make_runtime
 from tests.support.agent_helpers import thread_uploads
@@ -453,8 +455,8 @@ class FakeUploadService:
         self.records = records
         self.calls: list[tuple] = []
 
-    def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
-        self.calls.append((thread_id, user_id))
+    def list_uploads(self, thread: ThreadFolders) -> list[UploadRecord]:
+        self.calls.append((thread.ref.thread_id, thread.ref.owner))
         if isinstance(self.records, Exception):
             raise self.records
         return self.records
@@ -691,7 +693,9 @@ def test_records_of_the_real_upload_service_reach_the_state(tmp_path: Path, uplo
 
     from deerflow_web.models import IncomingFile
 
-    upload_service.save_uploads(T, [IncomingFile("a.txt", BytesIO(b"hello"))])
+    upload_service.save_uploads(
+        ThreadRef.single_user(T), [IncomingFile("a.txt", BytesIO(b"hello"))]
+    )
     middleware = UploadsMiddleware(base_dir=tmp_path, upload_service=upload_service)
     result = _run(middleware, human_with_files("q", {"filename": "a.txt", "size": 5}))
     [record] = result["uploads"]
@@ -712,16 +716,18 @@ def test_current_mode_takes_the_outline_from_a_recorded_companion(tmp_path: Path
 
     service = make_upload_service(tmp_path)
     service.save_uploads(
-        T,
+        ThreadRef.single_user(T),
         [
             IncomingFile("a.md", io.BytesIO(b"# The user's own notes\n")),
             IncomingFile("a.pdf", io.BytesIO(b"%PDF-1.4")),
         ],
     )
-    folder = service.uploads_dir(T)
+    folder = service.uploads_dir(ThreadRef.single_user(T))
     (folder / "a_1.md").write_text("# Converted Title\n## Section Two\n")
-    [companion] = [r for r in service.list_uploads(T) if r.filename == "a_1.md"]
-    scope = service.paths.scope(T)
+    [companion] = [
+        r for r in service.list_uploads(ThreadRef.single_user(T)) if r.filename == "a_1.md"
+    ]
+    scope = service.paths.scope(ThreadRef.single_user(T))
     with service.records.locked(scope) as txn:
         stored = txn.get("a_1.md")
         from dataclasses import replace

@@ -26,11 +26,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 from typing_extensions import TypedDict
 
+from deerflow_web.agent import UploadTools
 from deerflow_web.agent import make_file_tools
-from deerflow_web.agent import make_read_file_tool
 from deerflow_web.agent import make_upload_middleware
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
@@ -75,7 +76,8 @@ def _tools(messages: list[BaseMessage]) -> dict[str, ToolMessage]:
 
 def _save(service: UploadService, *paths: Path, thread_id: str = "t1") -> None:
     service.save_uploads(
-        thread_id, [IncomingFile(path.name, io.BytesIO(path.read_bytes())) for path in paths]
+        ThreadRef.single_user(thread_id),
+        [IncomingFile(path.name, io.BytesIO(path.read_bytes())) for path in paths],
     )
 
 
@@ -184,7 +186,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
     assert "report.md" not in found and "skipped" not in found
 
     # Both conversions are recorded: the file manager lists the companions.
-    records = {r.filename: r for r in service.list_uploads("t1")}
+    records = {r.filename: r for r in service.list_uploads(ThreadRef.single_user("t1"))}
     assert records["letter.md"].converted_from == "letter.pdf"
     assert records["report.md"].converted_from == "report.docx"
     assert records["letter.pdf"].conversion_state is ConversionState.DONE
@@ -198,7 +200,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
     # A second read reuses the companion: no new conversion.
     second = _tools(model.received[2])["r2"].content
     assert second == text
-    records = {r.filename: r for r in service.list_uploads("t1")}
+    records = {r.filename: r for r in service.list_uploads(ThreadRef.single_user("t1"))}
     assert (
         companion.stat().st_ino,
         companion.stat().st_mtime_ns,
@@ -227,7 +229,7 @@ def test_a_replaced_document_is_converted_again(
     made = tmp_path / "made"
     made.mkdir()
     _save(service, make_pdf(made / "letter.pdf", lines=("First version",)))
-    read = make_read_file_tool(base_dir=base_dir)
+    read = UploadTools(base_dir=base_dir).by_name()["read_file"]
     runtime = make_runtime({"thread_id": "t1"})
 
     assert "First version" in read.invoke({"path": f"{UPLOADS}/letter.pdf", "runtime": runtime})
@@ -235,7 +237,11 @@ def test_a_replaced_document_is_converted_again(
     again = read.invoke({"path": f"{UPLOADS}/letter.pdf", "runtime": runtime})
 
     assert "Second version" in again and "First version" not in again
-    companions = [r for r in service.list_uploads("t1") if r.converted_from == "letter.pdf"]
+    companions = [
+        r
+        for r in service.list_uploads(ThreadRef.single_user("t1"))
+        if r.converted_from == "letter.pdf"
+    ]
     assert [c.filename for c in companions] == ["letter.md"]
 
 
@@ -250,7 +256,9 @@ def test_a_slow_conversion_says_call_again_and_the_next_call_reads(
     made.mkdir()
     _save(service, make_pdf(made / "letter.pdf", lines=PDF_LINES))
     jobs = _jobs(service)
-    read = make_read_file_tool(base_dir=base_dir, conversion_jobs=jobs, read_wait_seconds=0.01)
+    read = UploadTools(base_dir=base_dir, conversion_jobs=jobs, read_wait_seconds=0.01).by_name()[
+        "read_file"
+    ]
     runtime = make_runtime({"thread_id": "t1"})
     args = {"path": f"{UPLOADS}/letter.pdf", "runtime": runtime}
 
@@ -260,7 +268,10 @@ def test_a_slow_conversion_says_call_again_and_the_next_call_reads(
         "seconds to read it."
     )
     deadline = time.monotonic() + 120
-    while service.get_upload("t1", "letter.pdf").conversion_state is not ConversionState.DONE:
+    while (
+        service.get_upload(ThreadRef.single_user("t1"), "letter.pdf").conversion_state
+        is not ConversionState.DONE
+    ):
         assert time.monotonic() < deadline
         time.sleep(0.2)
 
@@ -309,7 +320,7 @@ def test_a_document_that_cannot_be_read_gives_the_reason(
     made = tmp_path / "made"
     made.mkdir()
     _save(service, make(made / name))
-    read = make_read_file_tool(base_dir=base_dir)
+    read = UploadTools(base_dir=base_dir).by_name()["read_file"]
 
     message = read.invoke(
         {"path": f"{UPLOADS}/{name}", "runtime": make_runtime({"thread_id": "t1"})}
@@ -317,14 +328,17 @@ def test_a_document_that_cannot_be_read_gives_the_reason(
 
     assert message.startswith(f"Cannot read {UPLOADS}/{name}: {reason}")
     assert [p.name for p in uploads_dir(base_dir, "t1", None).iterdir()] == [name]  # no .md
-    assert service.get_upload("t1", name).conversion_state is ConversionState.FAILED
+    assert (
+        service.get_upload(ThreadRef.single_user("t1"), name).conversion_state
+        is ConversionState.FAILED
+    )
 
 
 def test_a_document_under_a_hiding_name_is_not_read_as_text(base_dir: Path, tmp_path: Path) -> None:
     folder = uploads_dir(base_dir, "t1", None)
     folder.mkdir(parents=True)
     make_pdf(folder / "scan")  # a PDF without its extension: mostly ASCII bytes
-    read = make_read_file_tool(base_dir=base_dir)
+    read = UploadTools(base_dir=base_dir).by_name()["read_file"]
 
     message = read.invoke({"path": f"{UPLOADS}/scan", "runtime": make_runtime({"thread_id": "t1"})})
 

@@ -13,13 +13,11 @@ import pytest
 from langchain_core.messages import ToolMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from deerflow_web.agent import UploadTools
 from deerflow_web.agent.tools import make_file_tools
-from deerflow_web.agent.tools import make_glob_tool
-from deerflow_web.agent.tools import make_grep_tool
-from deerflow_web.agent.tools import make_list_uploaded_files_tool
-from deerflow_web.agent.tools import make_read_file_tool
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.prompt.context_block import format_omitted_summary
+from deerflow_web.storage.paths import ThreadFolders
 from tests.support.agent_helpers import make_runtime
 from tests.support.agent_helpers import thread_uploads
 from tests.support.agent_helpers import write_file
@@ -44,7 +42,7 @@ def _runtime(state: dict[str, Any] | None = None, **context: Any) -> Any:
 
 
 def _list(base: Path, runtime: Any = None, service: Any = None, **args: Any) -> dict[str, Any]:
-    tool = make_list_uploaded_files_tool(base_dir=base, upload_service=service)
+    tool = UploadTools(base_dir=base, upload_service=service).by_name()["list_uploaded_files"]
     return tool.invoke({**args, "runtime": _runtime() if runtime is None else runtime})
 
 
@@ -56,7 +54,7 @@ def _names(result: dict[str, Any]) -> list[str]:
 
 
 def test_model_sees_exactly_the_four_arguments(base: Path) -> None:
-    tool = make_list_uploaded_files_tool(base_dir=base)
+    tool = UploadTools(base_dir=base).by_name()["list_uploaded_files"]
     expected = {"include_outline", "max_results", "query", "extensions"}
     assert set(tool.tool_call_schema.model_json_schema()["properties"]) == expected
     parameters = convert_to_openai_tool(tool)["function"]["parameters"]
@@ -79,7 +77,7 @@ def test_file_tools_hide_the_runtime_from_the_model(base: Path, name: str, argum
 
 
 def test_no_runtime_at_all(base: Path) -> None:
-    tool = make_list_uploaded_files_tool(base_dir=base)
+    tool = UploadTools(base_dir=base).by_name()["list_uploaded_files"]
     result = tool.invoke({"runtime": None})
     assert "No runtime context" in result["message"] and result["files"] == []
 
@@ -99,7 +97,7 @@ def test_thread_from_the_ambient_config_when_no_runtime_is_injected(
     base: Path, uploads: Path
 ) -> None:
     write_file(uploads / "a.txt")
-    tool = make_list_uploaded_files_tool(base_dir=base)
+    tool = UploadTools(base_dir=base).by_name()["list_uploaded_files"]
     result = tool.invoke({}, config={"configurable": {"thread_id": T}})
     assert _names(result) == ["a.txt"]
 
@@ -331,8 +329,8 @@ class FakeUploadService:
         self.records = records
         self.calls: list[tuple] = []
 
-    def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
-        self.calls.append((thread_id, user_id))
+    def list_uploads(self, thread: ThreadFolders) -> list[UploadRecord]:
+        self.calls.append((thread.ref.thread_id, thread.ref.owner))
         return self.records
 
 
@@ -365,7 +363,7 @@ def test_records_from_the_service_know_the_real_companion(base: Path, uploads: P
 
 
 def _read(base: Path, runtime: Any = None, **args: Any) -> Any:
-    tool = make_read_file_tool(base_dir=base)
+    tool = UploadTools(base_dir=base).by_name()["read_file"]
     return tool.invoke({**args, "runtime": _runtime() if runtime is None else runtime})
 
 
@@ -435,7 +433,7 @@ def test_read_file_of_an_empty_file(base: Path, uploads: Path) -> None:
 def test_read_file_error_reaches_the_model_as_an_error_tool_message(
     base: Path, uploads: Path
 ) -> None:
-    tool = make_read_file_tool(base_dir=base)
+    tool = UploadTools(base_dir=base).by_name()["read_file"]
     message = tool.invoke(
         {
             "type": "tool_call",
@@ -516,7 +514,7 @@ def test_read_file_follows_links_that_stay_inside(base: Path, uploads: Path) -> 
 
 
 def _glob(base: Path, **args: Any) -> Any:
-    return make_glob_tool(base_dir=base).invoke({**args, "runtime": _runtime()})
+    return UploadTools(base_dir=base).by_name()["glob"].invoke({**args, "runtime": _runtime()})
 
 
 @pytest.fixture
@@ -586,7 +584,7 @@ def test_glob_no_match_message(base: Path, tree: Path) -> None:
 
 
 def _grep(base: Path, **args: Any) -> Any:
-    return make_grep_tool(base_dir=base).invoke({**args, "runtime": _runtime()})
+    return UploadTools(base_dir=base).by_name()["grep"].invoke({**args, "runtime": _runtime()})
 
 
 def test_grep_finds_lines_in_uploads_only_by_default(base: Path, tree: Path) -> None:

@@ -16,6 +16,7 @@ from deerflow_web.models import IncomingFile
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import AUTH_ON
+from tests.helpers import thread_ref
 
 SCREENSHOTS: list[tuple[str, Path]] = []
 
@@ -82,18 +83,21 @@ class LiveServer:
         in a thread the signed-in user owns."""
         self.app.extensions[EXTENSION_KEY].threads.create(self.user_id, thread_id)
         incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
-        self.service.save_uploads(thread_id, incoming, user_id=self.user_id)
+        self.service.save_uploads(thread_ref(thread_id, self.user_id), incoming)
 
     def uploads_dir(self, thread_id: str) -> Path:
-        return self.service.uploads_dir(thread_id, self.user_id)
+        return self.service.uploads_dir(thread_ref(thread_id, self.user_id))
 
     def area_dir(self, thread_id: str, area: str) -> Path:
         """One of the thread's areas (uploads, outputs, workspace), created."""
-        self.service.paths.ensure_thread_dirs(thread_id, self.user_id)
-        return self.service.paths.area_dir(thread_id, area, self.user_id)
+        self.service.paths.ensure_thread_dirs(thread_ref(thread_id, self.user_id))
+        return self.service.paths.area_dir(thread_ref(thread_id, self.user_id), area)
 
     def names(self, thread_id: str) -> list[str]:
-        return [record.filename for record in self.service.list_uploads(thread_id, self.user_id)]
+        return [
+            record.filename
+            for record in self.service.list_uploads(thread_ref(thread_id, self.user_id))
+        ]
 
     def read(self, thread_id: str, name: str) -> bytes:
         return (self.uploads_dir(thread_id) / name).read_bytes()

@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.browser.helpers import gradient_png
+from tests.helpers import thread_ref
 
 pytestmark = pytest.mark.browser
 
@@ -243,7 +244,7 @@ def test_page_polls_while_a_conversion_runs(page: Watched, live: LiveServer) -> 
     service = live.service
 
     def update(name: str, **changes) -> None:
-        with service.records.locked(service.paths.scope(THREAD, live.user_id)) as txn:
+        with service.records.locked(service.paths.scope(thread_ref(THREAD, live.user_id))) as txn:
             stored = txn.get(name)
             txn.put(StoredRecord(replace(stored.record, **changes), stored.mtime_ns, stored.inode))
 

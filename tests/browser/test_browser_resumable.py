@@ -25,6 +25,7 @@ from tests.browser.helpers import create_account
 from tests.browser.helpers import review_before_upload
 from tests.browser.helpers import sign_in
 from tests.browser.helpers import skip_unless_accounts_can_run
+from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
 from tests.support.live_server import start_server
 
@@ -222,6 +223,6 @@ def test_signed_in_upload_of_20_mib_goes_through_tus_and_is_stored_intact(
     assert all(status < 300 for _, status in statuses), statuses
     stored = live.uploads_dir(THREAD) / path.name
     assert hashlib.sha256(stored.read_bytes()).hexdigest() == digest
-    (record,) = live.service.list_uploads(THREAD, live.user_id)
+    (record,) = live.service.list_uploads(thread_ref(THREAD, live.user_id))
     assert (record.filename, record.size, record.sha256) == (path.name, 20 * MIB, digest)
     assert not any(u.endswith("/uploads") or "/upload?" in u for u in page.posts)

@@ -25,6 +25,7 @@ from deerflow_web.storage.paths import use_storage_group
 from deerflow_web.web.wiring import SECRET_KEY_FILE
 from tests.helpers import UploadActions
 from tests.helpers import thread_dir
+from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
 from tests.support.documents import make_docx
 from tests.web.api.test_tus import TusActions
@@ -116,11 +117,11 @@ def test_new_folders_are_private_and_an_old_open_area_is_tightened(tmp_path: Pat
     created = paths.make_dirs(tmp_path / "data/users/u/threads/t/x")
     assert created and all(mode(folder) == 0o700 for folder in created)
     assert mode(tmp_path / "data") == 0o700
-    outputs = paths.area_location("t", Area.OUTPUTS, "u")
+    outputs = paths.area_location(thread_ref("t", "u"), Area.OUTPUTS)
     paths.make_dirs(outputs.parent)
     outputs.mkdir()
     os.chmod(outputs, 0o777)  # what "New thread" made before: world-writable, no sticky bit
-    paths.ensure_thread_dirs("t", "u")
+    paths.ensure_thread_dirs(thread_ref("t", "u"))
     assert mode(outputs) == 0o700
     assert open_to_others(tmp_path / "data") == []
 

@@ -31,6 +31,7 @@ from tests.agent.test_loop import AgentContext
 from tests.agent.test_loop import RecordingToolModel
 from tests.helpers import USER_ID
 from tests.helpers import UploadActions
+from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
 from tests.support.agent_helpers import make_runtime
 
@@ -308,10 +309,10 @@ def test_the_per_user_levels_are_checked_as_well(
     link.symlink_to(outside, target_is_directory=True)
     paths = ThreadPaths(base_dir)
     with pytest.raises(UnsafeFolder) as refused:
-        paths.uploads_dir(T, "u1")
+        paths.uploads_dir(thread_ref(T, "u1"))
     assert refused.value.relative == relative
     with pytest.raises(UnsafeFolder):
-        paths.ensure_thread_dirs(T, "u1")
+        paths.ensure_thread_dirs(thread_ref(T, "u1"))
     assert list(outside.iterdir()) == []
 
 
@@ -321,7 +322,7 @@ def test_creating_the_folders_refuses_a_planted_link(base_dir: Path, tmp_path: P
     (base_dir / LEVELS["thread"]).mkdir(parents=True)
     (base_dir / LEVELS["user-data"]).symlink_to(outside, target_is_directory=True)
     with pytest.raises(UnsafeFolder):
-        ThreadPaths(base_dir).ensure_thread_dirs(T, USER_ID)
+        ThreadPaths(base_dir).ensure_thread_dirs(thread_ref(T))
     assert list(outside.iterdir()) == []
 
 
@@ -430,5 +431,5 @@ def test_a_link_planted_while_an_upload_streams_is_refused_at_commit(
             return b"payload"
 
     with pytest.raises(UnsafeFolder):
-        service.save_uploads(T, [IncomingFile("a.txt", SwapWhileReading())], user_id=USER_ID)
+        service.save_uploads(thread_ref(T), [IncomingFile("a.txt", SwapWhileReading())])
     assert list(outside.iterdir()) == []

@@ -12,11 +12,13 @@ from deerflow_web.errors import InvalidThreadId
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import PathTraversal
 from deerflow_web.models import Area
+from deerflow_web.models import ThreadRef
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import resolve_base_dir
 from deerflow_web.storage.paths import safe_user_id
 from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.storage.paths import validate_user_id
+from tests.helpers import thread_ref
 
 
 @pytest.mark.parametrize("thread_id", ["a", "A1_b-2", "x" * 64])
@@ -49,21 +51,26 @@ def test_safe_user_id_buckets() -> None:
 
 def test_layouts(tmp_path: Path) -> None:
     paths = ThreadPaths(tmp_path)
-    assert paths.uploads_dir("t1", "u1") == tmp_path / "users/u1/threads/t1/user-data/uploads"
-    assert paths.uploads_dir("t1") == tmp_path / "threads/t1/user-data/uploads"
+    assert (
+        paths.uploads_dir(thread_ref("t1", "u1"))
+        == tmp_path / "users/u1/threads/t1/user-data/uploads"
+    )
+    assert (
+        paths.uploads_dir(ThreadRef.single_user("t1")) == tmp_path / "threads/t1/user-data/uploads"
+    )
     assert not (tmp_path / "threads").exists()  # computing a path creates nothing
 
 
 def test_ensure_thread_dirs_creates_private_areas(tmp_path: Path) -> None:
     paths = ThreadPaths(tmp_path)
-    paths.ensure_thread_dirs("t1")
+    paths.ensure_thread_dirs(ThreadRef.single_user("t1"))
     for area in Area:
-        folder = paths.area_dir("t1", area)
+        folder = paths.area_dir(ThreadRef.single_user("t1"), area)
         assert folder.is_dir()
         assert folder.stat().st_mode & 0o7777 == 0o700
-    paths.delete_thread_dir("t1")
-    assert not paths.thread_dir("t1").exists()
-    paths.delete_thread_dir("t1")  # a missing thread is a no-op
+    paths.delete_thread_dir(ThreadRef.single_user("t1"))
+    assert not paths.thread_dir(ThreadRef.single_user("t1")).exists()
+    paths.delete_thread_dir(ThreadRef.single_user("t1"))  # a missing thread is a no-op
 
 
 def test_base_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,20 +90,26 @@ def test_base_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_virtual_paths(tmp_path: Path) -> None:
     paths = ThreadPaths(tmp_path)
-    resolved = paths.resolve_virtual_path("t1", "/mnt/user-data/workspace/file.txt")
+    resolved = paths.folders(ThreadRef.single_user("t1")).resolve_virtual_path(
+        "/mnt/user-data/workspace/file.txt"
+    )
     assert resolved == tmp_path.resolve() / "threads/t1/user-data/workspace/file.txt"
-    assert paths.resolve_virtual_path("t1", "mnt/user-data") == paths.user_data_dir("t1")
+    assert paths.folders(ThreadRef.single_user("t1")).resolve_virtual_path(
+        "mnt/user-data"
+    ) == paths.user_data_dir(ThreadRef.single_user("t1"))
     with pytest.raises(ArtifactPrefixError, match="Path must start with /mnt/user-data"):
-        paths.resolve_virtual_path("t1", "mnt/user-dataX/a")
+        paths.folders(ThreadRef.single_user("t1")).resolve_virtual_path("mnt/user-dataX/a")
     with pytest.raises(PathTraversal, match="path traversal detected"):
-        paths.resolve_virtual_path("t1", "mnt/user-data/../../x")
+        paths.folders(ThreadRef.single_user("t1")).resolve_virtual_path("mnt/user-data/../../x")
 
 
 def test_virtual_path_symlink_out_is_traversal(tmp_path: Path) -> None:
     paths = ThreadPaths(tmp_path / "base")
-    outputs = paths.area_dir("t1", Area.OUTPUTS)
+    outputs = paths.area_dir(ThreadRef.single_user("t1"), Area.OUTPUTS)
     outputs.mkdir(parents=True)
     (tmp_path / "secret.txt").write_text("secret")
     (outputs / "link.txt").symlink_to(tmp_path / "secret.txt")
     with pytest.raises(PathTraversal):
-        paths.resolve_virtual_path("t1", "mnt/user-data/outputs/link.txt")
+        paths.folders(ThreadRef.single_user("t1")).resolve_virtual_path(
+            "mnt/user-data/outputs/link.txt"
+        )

@@ -24,6 +24,7 @@ from flask.testing import FlaskClient
 from deerflow_web.concurrency import off_loop
 from deerflow_web.concurrency import start_beside
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadLimits
 from deerflow_web.services.uploads import service as uploads_module
 from deerflow_web.services.uploads.service import UploadService
@@ -308,10 +309,13 @@ def test_a_lone_fast_uploads_chunks_stay_intact_until_their_hash_is_waited_for(
     service = UploadService(paths, DatabaseUploadRecords(open_database(base_dir)), limits)
     reader = MultipartReader(FastBody(multipart_body(files)), BOUNDARY)
 
-    service.save_uploads("T", reader)
+    service.save_uploads(ThreadRef.single_user("T"), reader)
 
     assert len(handed) >= 4  # the test is about hashes that ran beside
-    records = {s.record.filename: s.record for s in service.records.all(paths.scope("T", None))}
+    records = {
+        s.record.filename: s.record
+        for s in service.records.all(paths.scope(ThreadRef.single_user("T")))
+    }
     assert {name: r.sha256 for name, r in records.items()} == {
         name: hashlib.sha256(data).hexdigest() for name, data in files.items()
     }

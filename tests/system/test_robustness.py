@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.storage.local import StagingFile
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.paths import ThreadPaths
@@ -259,13 +260,14 @@ WRITER = textwrap.dedent(
     """
     import io, sys
     from pathlib import Path
-    from deerflow_web.models import IncomingFile
+    from deerflow_web.models import IncomingFile, ThreadRef
     from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(Path(sys.argv[1]))
+    thread = ThreadRef.single_user("T")
     for i in range(40):
         body = (sys.argv[2] * 1000 + str(i)).encode()
-        service.save_uploads("T", [IncomingFile("same.txt", io.BytesIO(body))])
+        service.save_uploads(thread, [IncomingFile("same.txt", io.BytesIO(body))])
     """
 )
 
@@ -279,7 +281,7 @@ def test_concurrent_processes_writing_one_name(base_dir: Path) -> None:
     from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(base_dir)
-    [record] = service.list_uploads("T")
+    [record] = service.list_uploads(ThreadRef.single_user("T"))
     data = (uploads_dir(base_dir, "T", None) / "same.txt").read_bytes()
     assert hashlib.sha256(data).hexdigest() == record.sha256
     assert record.source.value == "upload"  # the record was written with the bytes
@@ -327,13 +329,13 @@ def test_records_cache_sees_writes_of_other_processes(base_dir: Path) -> None:
     from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(base_dir)
-    assert service.list_uploads("T") == []
+    assert service.list_uploads(ThreadRef.single_user("T")) == []
     writer = subprocess.run(
         [sys.executable, "-c", WRITER.replace("range(40)", "range(1)"), str(base_dir), "Z"],
         cwd=ROOT,
     )
     assert writer.returncode == 0
-    [record] = service.records.all(service.paths.scope("T"))
+    [record] = service.records.all(service.paths.scope(ThreadRef.single_user("T")))
     assert record.record.filename == "same.txt"
 
 
@@ -341,8 +343,8 @@ def test_records_cache_never_keeps_a_rolled_back_write(base_dir: Path) -> None:
     from deerflow_web.services.uploads.service import make_upload_service
 
     service = make_upload_service(base_dir)
-    scope = service.paths.scope("T")
-    service.save_uploads("T", [IncomingFile("a.txt", io.BytesIO(b"a"))])
+    scope = service.paths.scope(ThreadRef.single_user("T"))
+    service.save_uploads(ThreadRef.single_user("T"), [IncomingFile("a.txt", io.BytesIO(b"a"))])
     [stored] = service.records.all(scope)
     with pytest.raises(RuntimeError), service.records.locked(scope) as txn:
         txn.delete("a.txt")

@@ -44,6 +44,7 @@ from deerflow_web.errors import TokenInvalid
 from deerflow_web.errors import TokenNotFound
 from deerflow_web.errors import UserNotFound
 from deerflow_web.errors import WrongPassword
+from deerflow_web.models import validate_user_id
 from deerflow_web.services.accounts.passwords import Passwords
 from deerflow_web.services.accounts.passwords import check_password_rules
 from deerflow_web.services.accounts.passwords import normalize_email
@@ -53,7 +54,6 @@ from deerflow_web.storage.database import session_secrets
 from deerflow_web.storage.database import sessions
 from deerflow_web.storage.database import users
 from deerflow_web.storage.database import write_transaction
-from deerflow_web.storage.paths import validate_user_id
 
 ADMIN = "admin"
 USER = "user"

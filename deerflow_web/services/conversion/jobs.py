@@ -54,6 +54,7 @@ from deerflow_web.errors import ConversionUserLimit
 from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import ACTIVE_CONVERSION_STATES
+from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
@@ -69,6 +70,8 @@ from deerflow_web.storage.local import facts_of
 from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import staging_path
+from deerflow_web.storage.paths import Thread
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.records import StoredRecord
 
 logger = logging.getLogger(__name__)
@@ -87,10 +90,13 @@ Outcome = dict[str, ConversionError | None]
 class _QueuedJob:
     """A job waiting for a converter: what to convert, for whom, and its caller's future."""
 
-    thread_id: str
-    user_id: str | None
+    thread: ThreadFolders
     filenames: list[str]
     future: Future[Outcome]
+
+    @property
+    def user_id(self) -> str:
+        return self.thread.ref.user_id
 
 
 @dataclass(frozen=True)
@@ -258,23 +264,22 @@ class ConversionJobs:
     def _start_claimed(self, scope: str, filename: str) -> None:
         """Run a job this process has just claimed in the database."""
         try:
-            thread_id, user_id = self.uploads.paths.parse_scope(scope)
+            ref = self.uploads.paths.parse_scope(scope)
         except ValueError:
             self.uploads.records.set_conversion(
                 scope, filename, ConversionState.FAILED, "Unknown thread"
             )
             return
         try:
-            self._start(thread_id, user_id, [filename], claimed=True)
+            self._start(self.uploads.folders(ref), [filename], claimed=True)
         except ConversionQueueFull:
             pass  # our lease lapses and another instance (or a later sweep) takes it
 
     def convert(
         self,
-        thread_id: str,
+        thread: Thread,
         filename: str,
         *,
-        user_id: str | None = None,
         wait: float | None = None,
     ) -> ConversionStatus:
         """Convert one upload on explicit request, waiting up to `wait` seconds for it.
@@ -284,11 +289,12 @@ class ConversionJobs:
             NotConvertible: Not a PDF, Word, Excel or PowerPoint file.
             ConversionQueueFull: `conversion.max_queued` jobs are already waiting.
         """
-        record = self.uploads.get_upload(thread_id, filename, user_id)
+        folders = self.uploads.folders(thread)
+        record = self.uploads.get_upload(folders, filename)
         if not record.convertible:
             raise NotConvertible(filename)
         timeout = self.settings.wait_seconds if wait is None else wait
-        scope = self.uploads.paths.scope(thread_id, user_id)
+        scope = folders.scope
         records = self.uploads.records
         job = records.conversion_job(scope, filename)
         if job is not None and job.state in ACTIVE_CONVERSION_STATES and job.owner != self.owner:
@@ -297,20 +303,18 @@ class ConversionJobs:
                 scope, filename, self.owner, now, self._lease()
             )
             if not taken:  # another instance runs it: follow it in the database
-                return self._wait_for_other_process(thread_id, filename, user_id, timeout)
-            future = self._start(thread_id, user_id, [filename], claimed=True)
+                return self._wait_for_other_process(folders, filename, timeout)
+            future = self._start(folders, [filename], claimed=True)
         else:
-            future = self._start(thread_id, user_id, [filename])
+            future = self._start(folders, [filename])
         error: ConversionError | None = None
         try:
             error = future.result(timeout=timeout).get(filename)
         except FutureTimeout:
             pass
-        return self.status(thread_id, filename, user_id=user_id, error=error)
+        return self.status(folders, filename, error=error)
 
-    def convert_after_upload(
-        self, thread_id: str, result: UploadResult, *, user_id: str | None = None
-    ) -> dict[str, UploadRecord]:
+    def convert_after_upload(self, thread: Thread, result: UploadResult) -> dict[str, UploadRecord]:
         """With `auto_convert_documents` on, convert the request's documents; return the
         companions made within the wait, by original name (nothing when the option is off).
 
@@ -323,7 +327,8 @@ class ConversionJobs:
         if not names:
             return {}
         try:
-            future = self._start(thread_id, user_id, names)
+            folders = self.uploads.folders(thread)
+            future = self._start(folders, names)
         except ConversionQueueFull:
             logger.warning("conversion queue full: %d upload(s) left unconverted", len(names))
             return {}  # the upload itself succeeded; Convert stays available
@@ -331,19 +336,20 @@ class ConversionJobs:
             future.result(timeout=self.settings.wait_seconds)
         except FutureTimeout:
             pass
-        records = self.uploads.list_uploads(thread_id, user_id)
+        records = self.uploads.list_uploads(folders)
         return {r.converted_from: r for r in records if r.converted_from in names}
 
     def _start(
-        self, thread_id: str, user_id: str | None, filenames: list[str], *, claimed: bool = False
+        self, folders: ThreadFolders, filenames: list[str], *, claimed: bool = False
     ) -> Future[Outcome]:
-        scope = self.uploads.paths.scope(thread_id, user_id)
+        scope = folders.scope
+        user_id = folders.ref.user_id
         key = (scope, filenames[0]) if len(filenames) == 1 else (scope, "\0".join(filenames))
         with self._lock:
             running = self._running.get(key)
             if running is not None and not running.done():
                 return running
-            job = _QueuedJob(thread_id, user_id, filenames, Future())
+            job = _QueuedJob(folders, filenames, Future())
             with self._counting:
                 self._admit(user_id)
                 self._waiting += 1
@@ -383,16 +389,16 @@ class ConversionJobs:
         self.start_keeper()
         return job.future
 
-    def _admit(self, user_id: str | None) -> None:
+    def _admit(self, user_id: str) -> None:
         """Refuse a job past the process's queue bound or the user's share (under
-        `_counting`). Single-user mode (no user id) has one user: only the queue bound."""
+        `_counting`). Single-user mode has one user: only the queue bound."""
         if self._waiting >= self.settings.max_queued:
             # Bounded, so a burst of requests cannot pile up hours of work.
             raise ConversionQueueFull(self._waiting, RETRY_AFTER_SECONDS)
-        if user_id is not None and self._active[user_id] >= self.settings.max_per_user:
+        if user_id != SINGLE_USER and self._active[user_id] >= self.settings.max_per_user:
             raise ConversionUserLimit(self._active[user_id], RETRY_AFTER_SECONDS)
 
-    def _done_with(self, user_id: str | None) -> None:
+    def _done_with(self, user_id: str) -> None:
         """One job of the user is over (under `_counting`)."""
         self._active[user_id] -= 1
         if self._active[user_id] <= 0:
@@ -420,7 +426,7 @@ class ConversionJobs:
             self.started_jobs += 1
         job.future.set_running_or_notify_cancel()
         try:
-            outcome = self._run(job.thread_id, job.user_id, job.filenames)
+            outcome = self._run(job.thread, job.filenames)
         except BaseException as error:
             self._finish_turn(job.user_id)
             job.future.set_exception(error)
@@ -428,7 +434,7 @@ class ConversionJobs:
             self._finish_turn(job.user_id)  # before the caller hears: it may queue again
             job.future.set_result(outcome)
 
-    def _finish_turn(self, user_id: str | None) -> None:
+    def _finish_turn(self, user_id: str) -> None:
         with self._counting:
             self._converting[user_id] -= 1
             if self._converting[user_id] <= 0:
@@ -442,10 +448,9 @@ class ConversionJobs:
 
     def status(
         self,
-        thread_id: str,
+        thread: Thread,
         filename: str,
         *,
-        user_id: str | None = None,
         error: ConversionError | None = None,
     ) -> ConversionStatus:
         """The file's record and companion as they stand now.
@@ -453,7 +458,7 @@ class ConversionJobs:
         Raises:
             UploadNotFound: The file is gone (deleted while it was converted, say).
         """
-        records = self.uploads.list_uploads(thread_id, user_id)
+        records = self.uploads.list_uploads(thread)
         record = next((r for r in records if r.filename == filename), None)
         if record is None:
             raise UploadNotFound(filename)
@@ -462,22 +467,21 @@ class ConversionJobs:
             error = ConversionError(record.conversion_error or "The conversion failed")
         return ConversionStatus(record, companion, error)
 
-    def _run(self, thread_id: str, user_id: str | None, filenames: list[str]) -> Outcome:
-        scope = self.uploads.paths.scope(thread_id, user_id)
+    def _run(self, folders: ThreadFolders, filenames: list[str]) -> Outcome:
+        scope = folders.scope
         outcome: dict[str, ConversionError | None] = {}
         for filename in filenames:
             try:
-                outcome[filename] = self._run_one(thread_id, user_id, scope, filename)
+                outcome[filename] = self._run_one(folders, filename)
             finally:
                 self._release(scope, filename)  # ended, or left for another run: not renewed
         return outcome
 
-    def _run_one(
-        self, thread_id: str, user_id: str | None, scope: str, filename: str
-    ) -> ConversionError | None:
+    def _run_one(self, folders: ThreadFolders, filename: str) -> ConversionError | None:
         """Convert one file and land its end in the records; the error it failed with."""
+        scope = folders.scope
         try:
-            self._convert_one(thread_id, user_id, scope, filename)
+            self._convert_one(folders, filename)
             return None
         except ConversionError as error:
             failure = error
@@ -529,13 +533,11 @@ class ConversionJobs:
 
     def _set(
         self,
-        thread_id: str,
-        user_id: str | None,
+        scope: str,
         filename: str,
         state: ConversionState,
         error: str | None = None,
     ) -> None:
-        scope = self.uploads.paths.scope(thread_id, user_id)
         active = state in ACTIVE_CONVERSION_STATES
         self.uploads.records.set_conversion(
             scope,
@@ -546,8 +548,9 @@ class ConversionJobs:
             self._lease() if active else None,
         )
 
-    def _convert_one(self, thread_id: str, user_id: str | None, scope: str, filename: str) -> None:
-        folder = self.uploads.uploads_dir(thread_id, user_id)
+    def _convert_one(self, folders: ThreadFolders, filename: str) -> None:
+        scope = folders.scope
+        folder = folders.uploads_dir()
         records = self.uploads.records
         before = records.get(scope, filename)
         if before is None:
@@ -555,10 +558,10 @@ class ConversionJobs:
         now = time.time()
         if not records.claim_conversion(scope, filename, self.owner, now, self._lease()):
             return  # our lease ran out meanwhile and another instance took the job
-        self._set(thread_id, user_id, filename, ConversionState.CONVERTING)
+        self._set(scope, filename, ConversionState.CONVERTING)
         # The source as it is now (an edit in place re-hashes it): the companion records
         # the SHA-256 of the bytes it was made from.
-        source = checked_upload(self.uploads, thread_id, filename, user_id)
+        source = checked_upload(self.uploads, folders, filename)
         sha256 = (source or before.record).sha256
         started = time.monotonic()
         temporary = staging_path(folder)
@@ -641,20 +644,20 @@ class ConversionJobs:
             txn.put(replace(original, record=done))
 
     def _wait_for_other_process(
-        self, thread_id: str, filename: str, user_id: str | None, wait: float
+        self, folders: ThreadFolders, filename: str, wait: float
     ) -> ConversionStatus:
         """Poll the database while another process (or instance) runs the job; take the job
         over if that process stops renewing its lease meanwhile."""
         deadline = time.monotonic() + wait
-        scope = self.uploads.paths.scope(thread_id, user_id)
+        scope = folders.scope
         records = self.uploads.records
         while True:
-            status = self.status(thread_id, filename, user_id=user_id)
+            status = self.status(folders, filename)
             if status.finished or time.monotonic() >= deadline:
                 return status
             job = records.conversion_job(scope, filename)
             now = time.time()
             if job is not None and not job.live(now) and job.owner != self.owner:
                 if records.claim_conversion(scope, filename, self.owner, now, self._lease()):
-                    self._start(thread_id, user_id, [filename], claimed=True)
+                    self._start(folders, [filename], claimed=True)
             time.sleep(POLL_SECONDS)

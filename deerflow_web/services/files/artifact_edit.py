@@ -38,7 +38,7 @@ from deerflow_web.models import Area
 from deerflow_web.storage.local import AtomicCommit
 from deerflow_web.storage.local import StagingFile
 from deerflow_web.storage.local import is_disk_full
-from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import is_staging_name
 
 MAX_EDITABLE_BYTES = 2 * 1024 * 1024  # DeerFlow's limit, for the file and for its new text
@@ -80,22 +80,20 @@ def parse_edit(body: object) -> tuple[str, str]:
     return content, expected
 
 
-def _editable_path(
-    paths: ThreadPaths, thread_id: str, virtual_path: str, user_id: str | None
-) -> tuple[str, Path]:
+def _editable_path(thread: ThreadFolders, virtual_path: str) -> tuple[str, Path]:
     """The host path the virtual path names (not followed), checked to lie in outputs/."""
     shown = virtual_path.lstrip("/")
     if not shown.startswith(EDITABLE_PREFIX):
         raise ArtifactNotEditable("Only files in /mnt/user-data/outputs can be edited")
     if ".skill/" in shown or shown.endswith(".skill"):
         raise ArtifactEditUnsupported("Skill archives cannot be edited")
-    paths.resolve_virtual_path(thread_id, virtual_path, user_id)  # prefix and traversal rules
+    thread.resolve_virtual_path(virtual_path)  # prefix and traversal rules
     relative = shown.removeprefix(EDITABLE_PREFIX)
     parts = relative.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise ArtifactNotEditable("Only files in /mnt/user-data/outputs can be edited")
-    named = paths.area_dir(thread_id, Area.OUTPUTS, user_id).joinpath(*parts)
-    paths.checked(named.parent)  # no folder on the way is a link (403 otherwise)
+    named = thread.area_dir(Area.OUTPUTS).joinpath(*parts)
+    thread.paths.checked(named.parent)  # no folder on the way is a link (403 otherwise)
     if is_staging_name(named.name):
         raise ArtifactNotFound(shown)
     return shown, named
@@ -186,16 +184,14 @@ class EditableText:
     sha256: str
 
 
-def open_for_edit(
-    paths: ThreadPaths, thread_id: str, virtual_path: str, user_id: str | None = None
-) -> EditableText | None:
+def open_for_edit(thread: ThreadFolders, virtual_path: str) -> EditableText | None:
     """The text of a file a `PUT` would accept, or None when it would refuse the file.
 
     A text with a carriage return is left out too: a browser's textarea turns CRLF into
     LF, so saving it unchanged would still rewrite every line ending.
     """
     try:
-        shown, named = _editable_path(paths, thread_id, virtual_path, user_id)
+        shown, named = _editable_path(thread, virtual_path)
         fd = _open_current(named, shown)
     except (ArtifactError, UnsafeFolder):
         return None
@@ -212,12 +208,10 @@ def open_for_edit(
 
 
 def edit_artifact(
-    paths: ThreadPaths,
-    thread_id: str,
+    thread: ThreadFolders,
     virtual_path: str,
     content: str,
     expected_sha256: str,
-    user_id: str | None = None,
     *,
     sleep: Callable[[float], None] = time.sleep,
 ) -> EditedArtifact:
@@ -229,7 +223,7 @@ def edit_artifact(
         symlink, binary or non-UTF-8), ArtifactEditTooLarge, ArtifactChanged,
         InsufficientStorage.
     """
-    shown, named = _editable_path(paths, thread_id, virtual_path, user_id)
+    shown, named = _editable_path(thread, virtual_path)
     fd = _open_current(named, shown)
     try:
         info = os.fstat(fd)

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import NotAFile
-from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import is_binary_file
 
@@ -185,17 +185,15 @@ def classify(path: Path) -> tuple[str, bool, Presentation | None]:
 
 
 def is_foreign_upload(
-    paths: ThreadPaths,
-    thread_id: str,
+    folders: ThreadFolders,
     actual: Path,
-    user_id: str | None,
     listed_upload: Callable[[str], bool] | None,
 ) -> bool:
     """Whether a resolved file is a hard link in uploads/ that the upload listing leaves out.
 
     Only a file with more than one link needs the (costlier) look at the listing.
     """
-    if actual.parent != paths.uploads_dir(thread_id, user_id):
+    if actual.parent != folders.uploads_dir():
         return False
     if actual.stat().st_nlink <= 1:
         return False
@@ -203,10 +201,8 @@ def is_foreign_upload(
 
 
 def resolve_artifact(
-    paths: ThreadPaths,
-    thread_id: str,
+    folders: ThreadFolders,
     virtual_path: str,
-    user_id: str | None = None,
     listed_upload: Callable[[str], bool] | None = None,
 ) -> Artifact:
     """Resolve a virtual path to a regular file inside the thread's user-data folder.
@@ -215,16 +211,16 @@ def resolve_artifact(
     hard-linked file in uploads/ is never served.
 
     Raises:
-        InvalidThreadId, ArtifactPrefixError, PathTraversal, UnsafeFolder,
+        ArtifactPrefixError, PathTraversal, UnsafeFolder,
         ArtifactNotFound, NotAFile.
     """
-    actual = paths.resolve_virtual_path(thread_id, virtual_path, user_id)
+    actual = folders.resolve_virtual_path(virtual_path)
     shown = virtual_path.lstrip("/")
     if not actual.exists() or is_staging_name(actual.name):  # half-written: never served
         raise ArtifactNotFound(shown)
     if not actual.is_file():
         raise NotAFile(shown)
-    if is_foreign_upload(paths, thread_id, actual, user_id, listed_upload):
+    if is_foreign_upload(folders, actual, listed_upload):
         raise ArtifactNotFound(shown)
     content_type, active, presentation = classify(actual)
     return Artifact(actual, actual.name, content_type, active, actual.stat().st_size, presentation)

@@ -10,17 +10,15 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from pathlib import Path
 from pathlib import PurePosixPath
 
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import NotAFile
-from deerflow_web.errors import PathTraversal
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.services.files.kinds import FileKind
 from deerflow_web.services.files.kinds import file_kind
-from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import is_staging_name
 
 BROWSABLE_AREAS = (Area.OUTPUTS, Area.WORKSPACE)
@@ -62,31 +60,16 @@ class AreaListing:
         return "" if parent == "." else parent
 
 
-def _inside(root: Path, folder: str) -> Path:
-    """The resolved folder, refusing anything that leaves the area (SPEC 1.9, R10)."""
-    candidate = (root / folder).resolve()
-    if not candidate.is_relative_to(root.resolve()):
-        raise PathTraversal()
-    return candidate
-
-
-def list_area(
-    paths: ThreadPaths,
-    thread_id: str,
-    area: Area,
-    folder: str = "",
-    user_id: str | None = None,
-) -> AreaListing:
+def list_area(thread: ThreadFolders, area: Area, folder: str = "") -> AreaListing:
     """Folders first, then files, each by name; a missing area root is simply empty.
 
     Raises:
-        InvalidThreadId, PathTraversal, ArtifactNotFound (missing subfolder),
+        PathTraversal, UnsafeFolder, ArtifactNotFound (missing subfolder),
         NotAFile (the path names a file).
     """
     area = Area(area)
     folder = folder.strip("/")
-    root = paths.area_dir(thread_id, area, user_id)
-    target = _inside(root, folder)
+    target = thread.resolve_in_area(area, folder)
     shown = f"{VIRTUAL_PATH_PREFIX.lstrip('/')}/{area.value}/{folder}".rstrip("/")
     if not target.exists():
         if folder:

@@ -27,6 +27,7 @@ from deerflow_web.models import UploadRecord
 from deerflow_web.storage.local import FileFacts
 from deerflow_web.storage.local import facts_of
 from deerflow_web.storage.local import hash_and_sniff_open
+from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.records import StoredRecord
 
 if TYPE_CHECKING:
@@ -64,9 +65,7 @@ def describes(stored: StoredRecord, facts: FileFacts) -> bool:
     ) == tuple(facts)
 
 
-def open_checked(
-    uploads: UploadService, thread_id: str, path: Path, user_id: str | None = None
-) -> CheckedFile:
+def open_checked(uploads: UploadService, thread: Thread, path: Path) -> CheckedFile:
     """Open a resolved file of the thread (never through a link) and check its record.
 
     Raises:
@@ -77,20 +76,20 @@ def open_checked(
     try:
         info = os.fstat(fd)
         record = None
-        if stat.S_ISREG(info.st_mode) and path.parent == uploads.uploads_dir(thread_id, user_id):
-            record = checked_record(uploads, thread_id, path.name, user_id, fd, info)
+        folders = uploads.folders(thread)
+        if stat.S_ISREG(info.st_mode) and path.parent == folders.uploads_dir():
+            record = checked_record(uploads, folders, path.name, fd, info)
         return CheckedFile(handle, facts_of(info), record)
     except BaseException:
         handle.close()
         raise
 
 
-def checked_upload(
-    uploads: UploadService, thread_id: str, filename: str, user_id: str | None = None
-) -> UploadRecord | None:
+def checked_upload(uploads: UploadService, thread: Thread, filename: str) -> UploadRecord | None:
     """The upload's record, checked against its file now (see `checked_record`); None when
     the file cannot be opened as a regular file."""
-    path = uploads.uploads_dir(thread_id, user_id) / filename
+    folders = uploads.folders(thread)
+    path = folders.uploads_dir() / filename
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -99,16 +98,15 @@ def checked_upload(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
-        return checked_record(uploads, thread_id, filename, user_id, fd, info)
+        return checked_record(uploads, folders, filename, fd, info)
     finally:
         os.close(fd)
 
 
 def checked_record(
     uploads: UploadService,
-    thread_id: str,
+    thread: Thread,
     filename: str,
-    user_id: str | None,
     fd: int,
     info: os.stat_result,
 ) -> UploadRecord | None:
@@ -117,7 +115,8 @@ def checked_record(
     None when there is no record, or when the file changed while it was hashed or no longer
     has this name: then nothing vouches for its bytes, and the next use looks again.
     """
-    scope = uploads.paths.scope(thread_id, user_id)
+    folders = uploads.folders(thread)
+    scope = folders.scope
     records = uploads.records
     stored = records.get(scope, filename)
     if stored is None:
@@ -128,7 +127,7 @@ def checked_record(
     sha256, content_type = off_loop(hash_and_sniff_open, fd, filename)
     if facts_of(os.fstat(fd)) != facts:
         return None  # written to while we read it
-    path = uploads.uploads_dir(thread_id, user_id) / filename
+    path = folders.uploads_dir() / filename
     with records.locked(scope) as txn:
         current = txn.get(filename)
         try:

@@ -12,7 +12,7 @@ limit holds across every worker: `OPEN_LIMIT` opens in `WINDOW_SECONDS`, and few
 passwords (`PASSWORD_LIMIT`), after which the address waits for the window to pass.
 
 What a link serves is resolved when it is opened, as the owner's own download would be
-(`resolve` is the upload service's `resolve_artifact` for the link's owner and thread), so a
+(the upload service's `resolve_artifact` for the link's `thread`), so a
 file deleted since is gone from the link too.
 """
 
@@ -37,6 +37,7 @@ from sqlalchemy import update
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import ShareLinkNotFound
 from deerflow_web.errors import ShareLinkRateLimited
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.accounts.passwords import Passwords
 from deerflow_web.storage.database import share_link_hits
 from deerflow_web.storage.database import share_links
@@ -49,7 +50,6 @@ MAX_PASSWORD_LENGTH = 256
 WINDOW_SECONDS = 300
 OPEN_LIMIT = 120  # requests to links (pages and files) per address per window
 PASSWORD_LIMIT = 10  # wrong passwords per address per window
-SINGLE_USER = ""  # the user id of the single-user layout's threads, as in `threads`
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,7 @@ class ShareLink:
     """A link as its owner sees it (never with its secret, which only the URL holds)."""
 
     id: str  # noqa: A003 - the link's name on its owner's pages
-    user_id: str | None
-    thread_id: str
+    thread: ThreadRef  # whose thread: the owner's, as their own requests reach it
     paths: tuple[str, ...]  # user-data paths: `uploads/a.txt`
     has_password: bool
     created_at: float
@@ -73,15 +72,10 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def _owner(user_id: str | None) -> str:
-    return SINGLE_USER if user_id is None else user_id
-
-
 def _link(row: object) -> ShareLink:
     return ShareLink(
         id=row.id,  # type: ignore[attr-defined]
-        user_id=row.user_id or None,  # type: ignore[attr-defined]
-        thread_id=row.thread_id,  # type: ignore[attr-defined]
+        thread=ThreadRef(row.thread_id, row.user_id),  # type: ignore[attr-defined]
         paths=tuple(json.loads(row.paths)),  # type: ignore[attr-defined]
         has_password=row.password_hash is not None,  # type: ignore[attr-defined]
         created_at=row.created_at,  # type: ignore[attr-defined]
@@ -131,8 +125,7 @@ class ShareLinks:
 
     def create(
         self,
-        user_id: str | None,
-        thread_id: str,
+        thread: ThreadRef,
         paths: list[str],
         *,
         hours: int,
@@ -157,8 +150,8 @@ class ShareLinks:
         row = {
             "id": secrets.token_hex(8),
             "token_hash": _digest(token),
-            "user_id": _owner(user_id),
-            "thread_id": thread_id,
+            "user_id": thread.user_id,
+            "thread_id": thread.thread_id,
             "paths": json.dumps(cleaned, ensure_ascii=False),
             "password_hash": self._passwords.hash(password) if password else None,
             "created_at": now,
@@ -169,7 +162,7 @@ class ShareLinks:
             db.execute(insert(share_links).values(**row))
         return _link(_Row(row)), token
 
-    def list_for_thread(self, user_id: str | None, thread_id: str) -> list[ShareLink]:
+    def list_for_thread(self, thread: ThreadRef) -> list[ShareLink]:
         """The thread's links, newest first; ended ones only for a day after they ended, so
         the owner sees that a link stopped working without the list growing for ever."""
         since = self._clock() - 86400
@@ -177,8 +170,8 @@ class ShareLinks:
             rows = db.execute(
                 select(share_links)
                 .where(
-                    share_links.c.user_id == _owner(user_id),
-                    share_links.c.thread_id == thread_id,
+                    share_links.c.user_id == thread.user_id,
+                    share_links.c.thread_id == thread.thread_id,
                     share_links.c.expires_at > since,
                     (share_links.c.revoked_at.is_(None)) | (share_links.c.revoked_at > since),
                 )
@@ -186,7 +179,7 @@ class ShareLinks:
             ).all()
         return [_link(row) for row in rows]
 
-    def revoke(self, user_id: str | None, thread_id: str, link_id: str) -> None:
+    def revoke(self, thread: ThreadRef, link_id: str) -> None:
         """End a link now (revoking one already ended changes nothing).
 
         Raises:
@@ -197,21 +190,21 @@ class ShareLinks:
                 update(share_links)
                 .where(
                     share_links.c.id == link_id,
-                    share_links.c.user_id == _owner(user_id),
-                    share_links.c.thread_id == thread_id,
+                    share_links.c.user_id == thread.user_id,
+                    share_links.c.thread_id == thread.thread_id,
                 )
                 .values(revoked_at=func.coalesce(share_links.c.revoked_at, self._clock()))
             )
         if found.rowcount == 0:
             raise ShareLinkNotFound()
 
-    def forget_thread(self, user_id: str | None, thread_id: str) -> None:
+    def forget_thread(self, thread: ThreadRef) -> None:
         """Drop a deleted thread's links (a new thread of the same id shares nothing)."""
         with write_transaction(self._engine) as db:
             db.execute(
                 delete(share_links).where(
-                    share_links.c.user_id == _owner(user_id),
-                    share_links.c.thread_id == thread_id,
+                    share_links.c.user_id == thread.user_id,
+                    share_links.c.thread_id == thread.thread_id,
                 )
             )
 

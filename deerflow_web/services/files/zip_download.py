@@ -31,7 +31,7 @@ from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.browse import list_area
-from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import ThreadFolders
 
 CHUNK_BYTES = 1024 * 1024
 # Enough for any selection a person makes; a bound so one request cannot hold a worker
@@ -107,11 +107,9 @@ def members_for_paths(
 
 
 def area_paths(
-    paths: ThreadPaths,
-    thread_id: str,
+    thread: ThreadFolders,
     area: Area,
     folder: str,
-    user_id: str | None,
     upload_names: Callable[[], list[str]],
 ) -> list[str]:
     """Every file of a tab (uploads as listed; a folder of outputs/workspace with its
@@ -121,7 +119,7 @@ def area_paths(
     found: list[str] = []
     pending = [folder.strip("/")]
     while pending and len(found) <= MAX_MEMBERS:
-        listing = list_area(paths, thread_id, area, pending.pop(), user_id)
+        listing = list_area(thread, area, pending.pop())
         for entry in listing.entries:
             if entry.is_dir:
                 pending.append(entry.path)

@@ -35,6 +35,7 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.chat_turns import DatabasePreviewHistory
 from deerflow_web.storage.chat_turns import PreviewHistory
 from deerflow_web.storage.chat_turns import StoredTurn
+from deerflow_web.storage.paths import Thread
 
 PreviewMode = Literal["current", "incremental"]
 PREVIEW_MODES: tuple[PreviewMode, ...] = ("current", "incremental")
@@ -231,43 +232,42 @@ class ChatPreviewService:
 
     def preview(
         self,
-        thread_id: str,
+        thread: Thread,
         text: str,
         attached: Sequence[str],
         mode: PreviewMode,
-        user_id: str | None = None,
     ) -> PreviewTurn:
         """Compute the next turn of the thread's preview and save it in the history.
 
         Raises:
-            InvalidThreadId: A malformed thread id.
             ValueError: An unknown mode.
         """
-        uploads_dir = self._uploads.uploads_dir(thread_id, user_id)
-        records = self._uploads.list_uploads(thread_id, user_id)
+        folders = self._uploads.folders(thread)
+        uploads_dir = folders.uploads_dir()
+        records = self._uploads.list_uploads(folders)
         turn = build_preview_turn(
             records,
             uploads_dir,
             text,
             attached,
             mode,
-            shown_uploads=carried_shown_uploads(self.history(thread_id, user_id)),
+            shown_uploads=carried_shown_uploads(self.history(folders)),
             max_files=self._max_files,
         )
-        stored = self._history.append(self._scope(thread_id, user_id), turn.to_data())
+        stored = self._history.append(folders.scope, turn.to_data())
         return PreviewTurn.from_stored(stored)
 
-    def history(self, thread_id: str, user_id: str | None = None) -> list[PreviewTurn]:
+    def history(self, thread: Thread) -> list[PreviewTurn]:
         """The thread's previewed turns, oldest first."""
-        stored = self._history.turns(self._scope(thread_id, user_id))
+        stored = self._history.turns(self._scope(thread))
         return [PreviewTurn.from_stored(turn) for turn in stored]
 
-    def clear(self, thread_id: str, user_id: str | None = None) -> int:
+    def clear(self, thread: Thread) -> int:
         """Forget the thread's previewed turns; return how many there were."""
-        return self._history.clear(self._scope(thread_id, user_id))
+        return self._history.clear(self._scope(thread))
 
-    def _scope(self, thread_id: str, user_id: str | None) -> str:
-        return self._uploads.paths.scope(thread_id, user_id)  # validates the ids
+    def _scope(self, thread: Thread) -> str:
+        return self._uploads.folders(thread).scope
 
 
 def make_chat_preview_service(

@@ -30,6 +30,7 @@ from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.files.freshness import checked_upload
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.local import is_safe_destination
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.sniff import sniff_content_type
 
 DEFAULT_WAIT_SECONDS = 20.0
@@ -99,17 +100,16 @@ class DocumentTexts:
     """One thread's documents, read as Markdown through the conversion jobs."""
 
     jobs: ConversionJobs
-    thread_id: str
-    user_id: str | None = None
+    thread: ThreadFolders
     wait_seconds: float = DEFAULT_WAIT_SECONDS
 
     @property
     def uploads_dir(self) -> Path:
         """The folder whose documents have companions (records cover uploads only)."""
-        return self.jobs.uploads.uploads_dir(self.thread_id, self.user_id)
+        return self.thread.uploads_dir()
 
     def _records(self) -> list[UploadRecord]:
-        return self.jobs.uploads.list_uploads(self.thread_id, self.user_id)
+        return self.jobs.uploads.list_uploads(self.thread)
 
     def companions(self) -> dict[str, str]:
         """Current companion name → its document's name, for searches that read documents."""
@@ -147,7 +147,7 @@ class DocumentTexts:
             raise UploadNotFound(filename)
         # The document as it is now: an edit in place since the last listing gives it a new
         # SHA-256, so the old companion no longer counts and the new bytes are converted.
-        checked = checked_upload(self.jobs.uploads, self.thread_id, filename, self.user_id)
+        checked = checked_upload(self.jobs.uploads, self.thread, filename)
         if checked is not None and checked.sha256 != record.sha256:
             record = checked
             records = [checked if r.filename == filename else r for r in records]
@@ -158,9 +158,7 @@ class DocumentTexts:
         if companion is None:
             budget = self.wait_seconds if wait is None else wait
             try:
-                status = self.jobs.convert(
-                    self.thread_id, filename, user_id=self.user_id, wait=budget
-                )
+                status = self.jobs.convert(self.thread, filename, wait=budget)
             except ConversionQueueFull as error:
                 raise DocumentStillConverting(
                     f"{filename} waits for a free converter ({error}); call again later"

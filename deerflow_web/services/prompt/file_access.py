@@ -36,7 +36,7 @@ from deerflow_web.services.prompt.document_text import DocumentTexts
 from deerflow_web.services.prompt.document_text import is_document_name
 from deerflow_web.services.prompt.document_text import misnamed_document
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as neutralize
-from deerflow_web.storage.paths import ThreadPaths
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import SNIFF_BYTES
 from deerflow_web.storage.sniff import is_binary_head
@@ -229,19 +229,15 @@ class UserDataFiles:
 
     def __init__(
         self,
-        paths: ThreadPaths,
-        thread_id: str,
-        user_id: str | None = None,
+        thread: ThreadFolders,
         documents: DocumentTexts | None = None,
         listed_upload: Callable[[str], bool] | None = None,
     ) -> None:
         """`listed_upload(name)` says whether the upload listing includes a name; without
         it, no hard-linked file in uploads/ is read."""
-        self._paths = paths
-        self._thread_id = thread_id
-        self._user_id = user_id
+        self._thread = thread
         self._listed_upload = listed_upload
-        self._base = paths.user_data_dir(thread_id, user_id).resolve()
+        self._base = thread.user_data_dir().resolve()
         self._documents = documents
 
     def _uploaded_document(self, real: Path, shown_path: str) -> bool:
@@ -286,13 +282,11 @@ class UserDataFiles:
 
     def _foreign(self, real: Path) -> bool:
         """A hard link in uploads/ that the listing leaves out: its bytes are not ours."""
-        return is_foreign_upload(
-            self._paths, self._thread_id, real, self._user_id, self._listed_upload
-        )
+        return is_foreign_upload(self._thread, real, self._listed_upload)
 
     def resolve(self, virtual_path: str) -> Path:
         """Map a virtual path to the host; raises the path errors of SPEC 1.9."""
-        return self._paths.resolve_virtual_path(self._thread_id, virtual_path, self._user_id)
+        return self._thread.resolve_virtual_path(virtual_path)
 
     def _virtual(self, real: Path) -> str:
         relative = real.relative_to(self._base).as_posix()

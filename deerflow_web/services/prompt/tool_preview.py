@@ -19,6 +19,7 @@ from deerflow_web.services.prompt.file_access import FileToolFailure
 from deerflow_web.services.prompt.file_access import UserDataFiles
 from deerflow_web.services.prompt.file_access import run_file_tool
 from deerflow_web.services.prompt.file_access import tool_content
+from deerflow_web.storage.paths import Thread
 
 TOOLS = ("read_file", "grep")
 
@@ -40,23 +41,22 @@ class ToolPreviewService:
         self._jobs = jobs
         self._wait = wait_seconds
 
-    def _files(self, thread_id: str, user_id: str | None) -> UserDataFiles:
-        documents = DocumentTexts(self._jobs, thread_id, user_id, self._wait)
+    def _files(self, thread: Thread) -> UserDataFiles:
         uploads = self._jobs.uploads
+        folders = uploads.folders(thread)
+        documents = DocumentTexts(self._jobs, folders, self._wait)
 
         def listed_upload(name: str) -> bool:
-            return any(r.filename == name for r in uploads.list_uploads(thread_id, user_id))
+            return any(r.filename == name for r in uploads.list_uploads(folders))
 
-        return UserDataFiles(uploads.paths, thread_id, user_id, documents, listed_upload)
+        return UserDataFiles(folders, documents, listed_upload)
 
     def read_file(
         self,
-        thread_id: str,
+        thread: Thread,
         path: str,
         start_line: int | None = None,
         end_line: int | None = None,
-        *,
-        user_id: str | None = None,
     ) -> ToolPreview:
         """What `read_file(path, start_line, end_line)` returns in this thread."""
         arguments: dict[str, Any] = {"path": path}
@@ -64,21 +64,19 @@ class ToolPreviewService:
             arguments["start_line"] = start_line
         if end_line is not None:
             arguments["end_line"] = end_line
-        files = self._files(thread_id, user_id)
+        files = self._files(thread)
         return self._run(
             "read_file", arguments, "read", path, lambda: files.read(path, start_line, end_line)
         )
 
     def grep(
         self,
-        thread_id: str,
+        thread: Thread,
         pattern: str,
         path: str = VIRTUAL_UPLOADS_DIR,
-        *,
-        user_id: str | None = None,
     ) -> ToolPreview:
         """What `grep(pattern, path)` returns in this thread (the tool's default limits)."""
-        files = self._files(thread_id, user_id)
+        files = self._files(thread)
         arguments = {"pattern": pattern, "path": path}
         return self._run("grep", arguments, "search", path, lambda: files.grep(pattern, path))
 

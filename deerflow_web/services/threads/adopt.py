@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from dataclasses import field
 
+from deerflow_web.models import SINGLE_USER
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.storage.records import DatabaseUploadRecords
 
@@ -34,14 +36,15 @@ def adopt_flat_threads(
     """
     paths = catalog.paths
     report = AdoptReport()
-    for thread_id in sorted(paths.iter_thread_ids(None)):
-        if catalog.exists(user_id, thread_id):
+    for thread_id in sorted(paths.iter_thread_ids(SINGLE_USER)):
+        flat, owned = ThreadRef.single_user(thread_id), ThreadRef(thread_id, user_id)
+        if catalog.exists(owned):
             report.skipped.append((thread_id, "the user already has a thread with this id"))
             continue
-        target = paths.thread_dir(thread_id, user_id)
+        target = paths.thread_dir(owned)
         paths.make_dirs(target.parent)
-        os.rename(paths.thread_dir(thread_id), target)
-        records.move_scope(paths.scope(thread_id), paths.scope(thread_id, user_id))
-        catalog.adopt_flat(thread_id, user_id)
+        os.rename(paths.thread_dir(flat), target)
+        records.move_scope(paths.scope(flat), paths.scope(owned))
+        catalog.adopt_flat(owned)
         report.moved.append(thread_id)
     return report

@@ -38,15 +38,18 @@ from sqlalchemy.exc import IntegrityError
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import UnsafeFolder
+from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import Area
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import threads
 from deerflow_web.storage.database import write_transaction
-from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.paths import Thread
+from deerflow_web.storage.paths import ref_of
 
-NO_ACCOUNT = ""  # the user id of the single-user layout's threads
+NO_ACCOUNT = SINGLE_USER  # the user id of the single-user layout's threads
 TITLE_MAX_CHARS = 256
 NUMBER_MIN, NUMBER_MAX = -(2**63), 2**63 - 1  # what a metadata number may be
 SEARCH_MAX_LIMIT = 1000
@@ -69,10 +72,6 @@ class ThreadRecord:
     updated_at: float = 0.0
 
 
-def _key(user_id: str | None) -> str:
-    return NO_ACCOUNT if user_id is None else user_id
-
-
 def _record(row: Any) -> ThreadRecord:
     return ThreadRecord(
         thread_id=row.thread_id,
@@ -83,14 +82,14 @@ def _record(row: Any) -> ThreadRecord:
     )
 
 
-def folder_time(paths: Any, thread_id: str, user_id: str | None) -> float:
+def folder_time(paths: Any, ref: ThreadRef) -> float:
     """The newest mtime among the thread folder and its user-data areas (0 when none).
 
     A folder that is a link is left out (never followed), so one planted link does not
     take a whole listing down; the thread's own pages refuse it with a clear error.
     """
-    folders: list[Callable[[], Path]] = [lambda: paths.thread_dir(thread_id, user_id)]
-    folders.extend(partial(paths.area_dir, thread_id, area, user_id) for area in Area)
+    folders: list[Callable[[], Path]] = [lambda: paths.thread_dir(ref)]
+    folders.extend(partial(paths.area_dir, ref, area) for area in Area)
     times = []
     for folder in folders:
         try:
@@ -198,50 +197,49 @@ class ThreadCatalog:
 
     # --- reading --------------------------------------------------------------------
 
-    def _row(self, user_id: str | None, thread_id: str) -> ThreadRecord | None:
+    def _row(self, ref: ThreadRef) -> ThreadRecord | None:
         with self.engine.connect() as db:
             row = db.execute(
                 select(threads).where(
-                    threads.c.user_id == _key(user_id), threads.c.thread_id == thread_id
+                    threads.c.user_id == ref.user_id, threads.c.thread_id == ref.thread_id
                 )
             ).one_or_none()
         return None if row is None else _record(row)
 
-    def _has_folder(self, user_id: str | None, thread_id: str) -> bool:
-        return self.paths.thread_dir(thread_id, user_id).is_dir()  # a link is refused
+    def _has_folder(self, thread: Thread) -> bool:
+        return self._uploads.folders(thread).thread_dir().is_dir()  # a link is refused
 
-    def exists(self, user_id: str | None, thread_id: str) -> bool:
-        """Whether the user has this thread (a row, or a folder in their layout)."""
-        validate_thread_id(thread_id)
+    def exists(self, thread: Thread) -> bool:
+        """Whether the owner has this thread (a row, or a folder in their layout)."""
         # The folder first: most threads have one, and a few stat calls cost less than a query.
-        return self._has_folder(user_id, thread_id) or self._row(user_id, thread_id) is not None
+        return self._has_folder(thread) or self._row(ref_of(thread)) is not None
 
-    def find(self, user_id: str | None, thread_id: str) -> ThreadRecord | None:
-        """The user's thread, or None; a folder without a row is adopted first."""
-        validate_thread_id(thread_id)
-        record = self._row(user_id, thread_id)
-        if record is not None or not self._has_folder(user_id, thread_id):
+    def find(self, thread: Thread) -> ThreadRecord | None:
+        """The owner's thread, or None; a folder without a row is adopted first."""
+        ref = ref_of(thread)
+        record = self._row(ref)
+        if record is not None or not self._has_folder(thread):
             return record
-        self._adopt_folders(user_id, [thread_id])
-        return self._row(user_id, thread_id)  # None when deleted between the two reads
+        self._adopt_folders(ref.user_id, [ref.thread_id])
+        return self._row(ref)  # None when deleted between the two reads
 
-    def get(self, user_id: str | None, thread_id: str) -> ThreadRecord:
-        """The user's thread (see `find`).
+    def get(self, thread: Thread) -> ThreadRecord:
+        """The owner's thread (see `find`).
 
         Raises:
-            ThreadNotFound: The user has no such thread (whoever else may have one).
+            ThreadNotFound: The owner has no such thread (whoever else may have one).
         """
-        record = self.find(user_id, thread_id)
+        record = self.find(thread)
         if record is None:
-            raise ThreadNotFound(thread_id)
+            raise ThreadNotFound(ref_of(thread).thread_id)
         return record
 
-    def _rows(self, user_id: str | None) -> list[ThreadRecord]:
+    def _rows(self, user_id: str) -> list[ThreadRecord]:
         with self.engine.connect() as db:
-            rows = db.execute(select(threads).where(threads.c.user_id == _key(user_id))).all()
+            rows = db.execute(select(threads).where(threads.c.user_id == user_id)).all()
         return [_record(row) for row in rows]
 
-    def all(self, user_id: str | None) -> list[ThreadRecord]:
+    def all(self, user_id: str) -> list[ThreadRecord]:
         """Every thread of the user (folders adopted), most recently updated first."""
         records = self._rows(user_id)
         known = {record.thread_id for record in records}
@@ -255,7 +253,7 @@ class ThreadCatalog:
 
     def search(
         self,
-        user_id: str | None,
+        user_id: str,
         *,
         metadata: Mapping[str, Any] | None = None,
         query: str = "",
@@ -270,16 +268,16 @@ class ThreadCatalog:
 
     # --- writing --------------------------------------------------------------------
 
-    def _adopt_folders(self, user_id: str | None, thread_ids: Iterable[str]) -> None:
+    def _adopt_folders(self, user_id: str, thread_ids: Iterable[str]) -> None:
         """Rows for folders made without one, dated by the folder, in one transaction (the
         first listing after an upgrade may find many); a row made meanwhile by another
         request is kept as it is."""
         values = []
         for thread_id in thread_ids:
-            stamp = folder_time(self.paths, thread_id, user_id) or self._clock()
+            stamp = folder_time(self.paths, ThreadRef(thread_id, user_id)) or self._clock()
             values.append(
                 {
-                    "user_id": _key(user_id),
+                    "user_id": user_id,
                     "thread_id": thread_id,
                     "title": None,
                     "metadata": "{}",
@@ -293,13 +291,13 @@ class ThreadCatalog:
         with write_transaction(self.engine) as db:
             db.execute(dialect_insert(threads).values(values).on_conflict_do_nothing())
 
-    def _insert(self, user_id: str | None, record: ThreadRecord) -> bool:
+    def _insert(self, user_id: str, record: ThreadRecord) -> bool:
         """Insert a row; False when the user already has the thread (same key)."""
         try:
             with write_transaction(self.engine) as db:
                 db.execute(
                     insert(threads).values(
-                        user_id=_key(user_id),
+                        user_id=user_id,
                         thread_id=record.thread_id,
                         title=record.title,
                         metadata=_encode(record.metadata),
@@ -313,7 +311,7 @@ class ThreadCatalog:
 
     def create(
         self,
-        user_id: str | None,
+        user_id: str,
         thread_id: str | None = None,
         *,
         title: str | None = None,
@@ -323,26 +321,26 @@ class ThreadCatalog:
 
         Idempotent as DeerFlow's create is: for an id the user already has, the existing
         record comes back unchanged, with False. When the folders cannot be made, the row
-        is removed again: a create that fails leaves nothing.
+        is removed again: a create that fails leaves nothing. `user_id` is the owner
+        (`SINGLE_USER` with accounts off).
         """
-        thread_id = str(uuid.uuid4()) if thread_id is None else validate_thread_id(thread_id)
-        if self.exists(user_id, thread_id):
-            return self.get(user_id, thread_id), False
+        ref = ThreadRef(str(uuid.uuid4()) if thread_id is None else thread_id, user_id)
+        if self.exists(ref):
+            return self.get(ref), False
         now = self._clock()
-        record = ThreadRecord(thread_id, title, dict(metadata or {}), now, now)
+        record = ThreadRecord(ref.thread_id, title, dict(metadata or {}), now, now)
         if not self._insert(user_id, record):  # created by a request racing this one
-            return self.get(user_id, thread_id), False
+            return self.get(ref), False
         try:
-            self.paths.ensure_thread_dirs(thread_id, user_id)
+            self.paths.ensure_thread_dirs(ref)
         except BaseException:
-            self._delete_row(user_id, thread_id)
+            self._delete_row(ref)
             raise
         return record, True
 
     def update(
         self,
-        user_id: str | None,
-        thread_id: str,
+        thread: Thread,
         *,
         metadata: Mapping[str, Any] | None = None,
         title: str | None = None,
@@ -350,7 +348,8 @@ class ThreadCatalog:
     ) -> ThreadRecord:
         """Merge `metadata` into the thread's (a key set to null is kept as null, as
         DeerFlow's merge does) and, when `set_title`, set its title (None: no title)."""
-        current = self.get(user_id, thread_id)
+        ref = ref_of(thread)
+        current = self.get(thread)
         merged = {**current.metadata, **(metadata or {})}
         values: dict[str, Any] = {
             "metadata": _encode(merged),
@@ -361,22 +360,22 @@ class ThreadCatalog:
         with write_transaction(self.engine) as db:
             changed = db.execute(
                 update(threads)
-                .where(threads.c.user_id == _key(user_id), threads.c.thread_id == thread_id)
+                .where(threads.c.user_id == ref.user_id, threads.c.thread_id == ref.thread_id)
                 .values(**values)
             ).rowcount
         if not changed:  # deleted meanwhile
-            raise ThreadNotFound(thread_id)
-        return self.get(user_id, thread_id)
+            raise ThreadNotFound(ref.thread_id)
+        return self.get(thread)
 
-    def _delete_row(self, user_id: str | None, thread_id: str) -> None:
+    def _delete_row(self, ref: ThreadRef) -> None:
         with write_transaction(self.engine) as db:
             db.execute(
                 delete(threads).where(
-                    threads.c.user_id == _key(user_id), threads.c.thread_id == thread_id
+                    threads.c.user_id == ref.user_id, threads.c.thread_id == ref.thread_id
                 )
             )
 
-    def delete(self, user_id: str | None, thread_id: str) -> None:
+    def delete(self, thread: Thread) -> None:
         """Remove the thread with everything it holds: its folder (uploads, outputs,
         workspace), upload records, unfinished resumable uploads and preview turns.
 
@@ -387,39 +386,42 @@ class ThreadCatalog:
         Raises:
             ThreadNotFound: The user has no such thread.
         """
-        if not self.exists(user_id, thread_id):
-            raise ThreadNotFound(thread_id)
-        folder = self.paths.thread_dir(thread_id, user_id)
-        trash = folder.with_name(f".deleting-{thread_id}-{uuid.uuid4().hex}")
+        folders = self._uploads.folders(thread)
+        ref = folders.ref
+        if not self.exists(folders):
+            raise ThreadNotFound(ref.thread_id)
+        folder = folders.thread_dir()
+        trash = folder.with_name(f".deleting-{ref.thread_id}-{uuid.uuid4().hex}")
         try:
             os.rename(folder, trash)
         except FileNotFoundError:
             trash = None
-        with self._uploads.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+        with self._uploads.records.locked(folders.scope) as txn:
             for stored in txn.all():
                 txn.delete(stored.record.filename)
-        self._previews.clear(thread_id, user_id)
+        self._previews.clear(ref)
         with write_transaction(self.engine) as db:
-            condition = resumable_uploads.c.thread_id == thread_id
-            if user_id is None:
+            condition = resumable_uploads.c.thread_id == ref.thread_id
+            if ref.is_single_user:
                 condition = condition & resumable_uploads.c.user_id.is_(None)
             else:
-                condition = condition & (resumable_uploads.c.user_id == user_id)
+                condition = condition & (resumable_uploads.c.user_id == ref.user_id)
             db.execute(delete(resumable_uploads).where(condition))
             db.execute(
                 delete(threads).where(
-                    threads.c.user_id == _key(user_id), threads.c.thread_id == thread_id
+                    threads.c.user_id == ref.user_id, threads.c.thread_id == ref.thread_id
                 )
             )
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
 
-    def adopt_flat(self, thread_id: str, user_id: str) -> None:
-        """Give a single-user layout thread's row (or a new one) to `user_id` (the folder
-        has just moved into the user's layout)."""
-        flat = self._row(None, thread_id)
-        stamp = folder_time(self.paths, thread_id, user_id) or self._clock()
-        record = flat or ThreadRecord(thread_id, None, {}, stamp, stamp)
-        self._insert(user_id, record)
+    def adopt_flat(self, ref: ThreadRef) -> None:
+        """Give a single-user layout thread's row (or a new one) to `ref`'s user (the
+        folder has just moved into the user's layout)."""
+        single = ThreadRef.single_user(ref.thread_id)
+        flat = self._row(single)
+        stamp = folder_time(self.paths, ref) or self._clock()
+        record = flat or ThreadRecord(ref.thread_id, None, {}, stamp, stamp)
+        self._insert(ref.user_id, record)
         if flat is not None:
-            self._delete_row(None, thread_id)
+            self._delete_row(single)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.services.threads.catalog import folder_time
 from deerflow_web.storage.records import UploadRecords
@@ -29,7 +30,7 @@ class ThreadOverview:
 def list_threads(
     catalog: ThreadCatalog,
     records: UploadRecords,
-    user_id: str | None = None,
+    user_id: str,
     *,
     query: str = "",
 ) -> list[ThreadOverview]:
@@ -39,8 +40,9 @@ def list_threads(
     paths = catalog.paths
     threads = []
     for thread in catalog.search(user_id, query=query, limit=None):
-        on_disk = folder_time(paths, thread.thread_id, user_id)
-        summary = summaries.get(paths.scope(thread.thread_id, user_id)) if on_disk else None
+        ref = ThreadRef(thread.thread_id, user_id)
+        on_disk = folder_time(paths, ref)
+        summary = summaries.get(paths.scope(ref)) if on_disk else None
         last = max(on_disk, thread.updated_at)
         count, size = (0, 0)
         if summary is not None:  # records of a folder removed behind the app's back: none

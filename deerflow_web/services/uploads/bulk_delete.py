@@ -12,6 +12,7 @@ from dataclasses import field
 
 from deerflow_web.errors import UploadError
 from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.storage.paths import Thread
 
 
 @dataclass
@@ -23,15 +24,16 @@ class BulkDeleteResult:
 
 
 def delete_uploads(
-    service: UploadService, thread_id: str, filenames: Iterable[str], user_id: str | None = None
+    service: UploadService, thread: Thread, filenames: Iterable[str]
 ) -> BulkDeleteResult:
     """Delete each named upload in turn; one failure does not stop the others."""
     result = BulkDeleteResult()
+    thread = service.folders(thread)
     for name in dict.fromkeys(filenames):  # keep order, drop repeats
         if name in result.deleted:
             continue
         try:
-            result.deleted.extend(service.delete_upload(thread_id, name, user_id))
+            result.deleted.extend(service.delete_upload(thread, name))
         except UploadError as error:
             result.failed.append((name, error))
     return result

@@ -29,9 +29,13 @@ from deerflow_web.errors import InvalidThreadId
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import CONVERTIBLE_EXTENSIONS
+from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import Area
 from deerflow_web.models import RecordSource
+from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadRecord
+from deerflow_web.models import validate_thread_id
+from deerflow_web.models import validate_user_id
 from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.local import HASH_CHUNK
 from deerflow_web.storage.local import StagingFile
@@ -39,8 +43,6 @@ from deerflow_web.storage.local import facts_of
 from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.paths import ThreadPaths
 from deerflow_web.storage.paths import is_staging_name
-from deerflow_web.storage.paths import validate_thread_id
-from deerflow_web.storage.paths import validate_user_id
 from deerflow_web.storage.records import DatabaseUploadRecords
 from deerflow_web.storage.records import StoredRecord
 
@@ -82,9 +84,10 @@ class Owners:
     by_deerflow_user: Mapping[str, str] = field(default_factory=dict)  # DeerFlow uid -> ours
 
     def target(self, source: Source) -> tuple[str | None, str | None]:
-        """(our user id, None), or (None, the reason the thread is skipped)."""
+        """(our owner, None), or (None, the reason the thread is skipped); the owner is
+        `SINGLE_USER` with accounts off."""
         if not self.accounts:
-            return None, None
+            return SINGLE_USER, None
         if source.deerflow_user is None:
             if self.flat_owner is None:
                 return None, "no owner for DeerFlow's flat layout: pass --owner EMAIL"
@@ -324,7 +327,10 @@ def import_deerflow(
                 (source.label, f"thread {source.thread_id} is already imported from {first}")
             )
             continue
-        _adopt_thread(root, source, paths, records, user_id, report, move)
+        assert user_id is not None  # a reason was given otherwise
+        _adopt_thread(
+            root, source, paths, records, ThreadRef(source.thread_id, user_id), report, move
+        )
     return report
 
 
@@ -333,14 +339,14 @@ def _adopt_thread(
     source: Source,
     paths: ThreadPaths,
     records: DatabaseUploadRecords,
-    user_id: str | None,
+    ref: ThreadRef,
     report: ImportReport,
     move: bool,
 ) -> None:
     adopted_uploads: list[str] = []
     for area in AREAS:
         here = source.user_data / area.value
-        target_area = paths.area_location(source.thread_id, area, user_id)
+        target_area = paths.area_location(ref, area)
         for path in _files(here, root, report, nested=area is not Area.UPLOADS):
             where = _relative(path, root)
             inside = path.relative_to(here)
@@ -366,9 +372,7 @@ def _adopt_thread(
             if area is Area.UPLOADS:
                 adopted_uploads.append(destination.name)
     if adopted_uploads:
-        uploads = paths.area_location(source.thread_id, Area.UPLOADS, user_id)
-        written, companions = _record_uploads(
-            records, paths.scope(source.thread_id, user_id), uploads, adopted_uploads
-        )
+        uploads = paths.area_location(ref, Area.UPLOADS)
+        written, companions = _record_uploads(records, paths.scope(ref), uploads, adopted_uploads)
         report.records_written += written
         report.companions += companions

@@ -19,6 +19,7 @@ from deerflow_web.services.uploads.service import AlsoInCommit
 from deerflow_web.services.uploads.service import Staging
 from deerflow_web.services.uploads.service import UploadResult
 from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.storage.paths import Thread
 
 
 @dataclass(frozen=True)
@@ -38,42 +39,39 @@ class UploadIntake:
 
     def accept(
         self,
-        thread_id: str,
+        thread: Thread,
         files: Iterable[IncomingFile],
         *,
         on_conflict: OnConflict,
-        user_id: str | None = None,
     ) -> AcceptedUploads:
         """Save `files` (all or nothing, see `UploadService.save_uploads`), then convert."""
-        result = self.uploads.save_uploads(
-            thread_id, files, on_conflict=on_conflict, user_id=user_id
-        )
-        companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
+        folders = self.uploads.folders(thread)
+        result = self.uploads.save_uploads(folders, files, on_conflict=on_conflict)
+        companions = self.conversions.convert_after_upload(folders, result)
         return AcceptedUploads(result, companions)
 
     def accept_staged(
         self,
-        thread_id: str,
+        thread: Thread,
         name: str,
         staging: Staging,
         *,
         sha256: str,
         content_type: str,
         on_conflict: OnConflict,
-        user_id: str | None = None,
         then: AlsoInCommit | None = None,
     ) -> AcceptedUploads:
         """Commit a file staged elsewhere (a finished resumable upload) exactly as a
         multipart part (see `UploadService.commit_staged`), then convert."""
+        folders = self.uploads.folders(thread)
         result = self.uploads.commit_staged(
-            thread_id,
+            folders,
             name,
             staging,
             sha256=sha256,
             content_type=content_type,
             on_conflict=on_conflict,
-            user_id=user_id,
             then=then,
         )
-        companions = self.conversions.convert_after_upload(thread_id, result, user_id=user_id)
+        companions = self.conversions.convert_after_upload(folders, result)
         return AcceptedUploads(result, companions)

@@ -48,8 +48,9 @@ from deerflow_web.services.uploads.service import SavedFile
 from deerflow_web.storage.filenames import normalize_filename
 from deerflow_web.storage.local import hash_and_sniff
 from deerflow_web.storage.local import is_disk_full
+from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.paths import is_staging_name
-from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.paths import ref_of
 from deerflow_web.storage.records import RecordsTransaction
 from deerflow_web.storage.resumable import DatabaseResumableStore
 from deerflow_web.storage.resumable import PendingCaps
@@ -203,9 +204,7 @@ class ResumableUploadService:
         """The largest upload accepted (`Tus-Max-Size`): the per-file limit."""
         return self.uploads.limits.max_file_size
 
-    def create(
-        self, thread_id: str, length: int, metadata_header: str, *, user_id: str | None = None
-    ) -> AppendOutcome:
+    def create(self, thread: Thread, length: int, metadata_header: str) -> AppendOutcome:
         """Start an upload of `length` bytes; refuse at once what the commit would refuse.
 
         An empty file has nothing left to send, so it is committed here.
@@ -219,7 +218,6 @@ class ResumableUploadService:
                 `uploads.resumable_max_pending` or `uploads.resumable_max_pending_bytes`
                 (counted in the database, across processes); nothing is kept.
         """
-        validate_thread_id(thread_id)
         self.sweep_expired()
         metadata = parse_metadata(metadata_header)
         raw_name = metadata.get("filename") or metadata.get("name")
@@ -231,16 +229,17 @@ class ResumableUploadService:
         on_conflict = OnConflict.named(metadata.get("on_conflict"), OnConflict.REPLACE)
         if length > self.max_size:
             raise FileTooLarge(name)
-        folder = self.uploads.uploads_dir(thread_id, user_id)
+        folders = self.uploads.folders(thread)
+        folder = folders.uploads_dir()
         if on_conflict is OnConflict.REJECT and (folder / name).exists():
             raise NameConflict(name)
-        self.uploads.paths.make_dirs(folder)
+        folders.make_dirs(folder)
         upload_id = secrets.token_hex(16)
         now = self._clock()
         upload = ResumableUpload(
             upload_id=upload_id,
-            thread_id=thread_id,
-            user_id=user_id,
+            thread_id=folders.ref.thread_id,
+            user_id=folders.ref.owner,
             filename=name,
             on_conflict=on_conflict.value,
             metadata=metadata_header,
@@ -265,9 +264,7 @@ class ResumableUploadService:
             staging.close()
         return AppendOutcome(upload)
 
-    def status(
-        self, thread_id: str, upload_id: str, *, user_id: str | None = None
-    ) -> ResumableUpload:
+    def status(self, thread: Thread, upload_id: str) -> ResumableUpload:
         """Where the upload stands (HEAD): the bytes on disk, or, while another request is
         writing, the offset that request started from.
 
@@ -279,7 +276,7 @@ class ResumableUploadService:
             ResumableNotFound, ResumableExpired, NameConflict (the pending commit was
             refused), or the commit's failure again.
         """
-        upload = self._find(thread_id, upload_id, user_id)
+        upload = self._find(thread, upload_id)
         if upload.committed_name is not None:
             return upload
         staging = self._acquire(upload)
@@ -295,14 +292,13 @@ class ResumableUploadService:
 
     def append(
         self,
-        thread_id: str,
+        thread: Thread,
         upload_id: str,
         *,
         offset: int,
         body: ChunkSource,
         content_length: int | None,
         checksum: Checksum | None = None,
-        user_id: str | None = None,
     ) -> AppendOutcome:
         """Write one chunk (PATCH) at `offset`; commit the file when it is complete.
 
@@ -317,7 +313,7 @@ class ResumableUploadService:
             ChecksumMismatch: The chunk does not match `checksum`.
             NameConflict: The finished file was refused by `on_conflict=reject`.
         """
-        upload = self._find(thread_id, upload_id, user_id)
+        upload = self._find(thread, upload_id)
         staging = self._acquire(upload) if upload.committed_name is None else upload
         if staging is None:
             raise UploadBusy()
@@ -341,13 +337,13 @@ class ResumableUploadService:
         finally:
             staging.close()
 
-    def terminate(self, thread_id: str, upload_id: str, *, user_id: str | None = None) -> None:
+    def terminate(self, thread: Thread, upload_id: str) -> None:
         """Drop the upload and its bytes (DELETE); later requests find nothing.
 
         Raises:
             ResumableNotFound, ResumableExpired, UploadBusy.
         """
-        upload = self._find(thread_id, upload_id, user_id)
+        upload = self._find(thread, upload_id)
         staging = self._acquire(upload) if upload.committed_name is None else upload
         if staging is None:
             raise UploadBusy()
@@ -381,10 +377,9 @@ class ResumableUploadService:
         """Whether a staging file belongs to an upload still on record (start-up sweep)."""
         return self.store.has_staging(path)
 
-    def _find(self, thread_id: str, upload_id: str, user_id: str | None) -> ResumableUpload:
-        validate_thread_id(thread_id)
+    def _find(self, thread: Thread, upload_id: str) -> ResumableUpload:
         upload = self.store.get(upload_id) if _UPLOAD_ID.fullmatch(upload_id) else None
-        if upload is None or upload.thread_id != thread_id or upload.user_id != user_id:
+        if upload is None or upload.ref != ref_of(thread):
             raise ResumableNotFound()
         if upload.expires_at <= self._clock():
             self.sweep_expired()
@@ -503,13 +498,12 @@ class ResumableUploadService:
 
         try:
             return self.intake.accept_staged(
-                upload.thread_id,
+                upload.ref,
                 upload.filename,
                 staging,
                 sha256=sha256,
                 content_type=content_type,
                 on_conflict=OnConflict(upload.on_conflict),
-                user_id=upload.user_id,
                 then=mark_committed,
             )
         except (NameConflict, UnsafeFilename):

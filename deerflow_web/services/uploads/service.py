@@ -59,8 +59,9 @@ from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import scan_regular_files
 from deerflow_web.storage.migrate import open_database
+from deerflow_web.storage.paths import Thread
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
-from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.storage.records import DatabaseUploadRecords
 from deerflow_web.storage.records import RecordsTransaction
 from deerflow_web.storage.records import StoredRecord
@@ -327,17 +328,20 @@ class UploadService:
         # scope -> (folder signature, monotonic time) of the last scan that matched records
         self._verified: OrderedDict[str, tuple[tuple[int, int, int], float]] = OrderedDict()
 
-    def uploads_dir(self, thread_id: str, user_id: str | None = None) -> Path:
-        """The thread's uploads folder (validated id, not created)."""
-        return self.paths.uploads_dir(thread_id, user_id)
+    def folders(self, thread: Thread) -> ThreadFolders:
+        """The handle's folders: `thread` itself, or a fresh walk for a bare `ThreadRef`."""
+        return thread if isinstance(thread, ThreadFolders) else self.paths.folders(thread)
+
+    def uploads_dir(self, thread: Thread) -> Path:
+        """The thread's uploads folder (checked, not created)."""
+        return self.folders(thread).uploads_dir()
 
     def save_uploads(
         self,
-        thread_id: str,
+        thread: Thread,
         files: Iterable[IncomingFile],
         *,
         on_conflict: OnConflict = OnConflict.REPLACE,
-        user_id: str | None = None,
     ) -> UploadResult:
         """Store a request's files atomically: all of them, or none and nothing changed.
 
@@ -345,15 +349,16 @@ class UploadService:
             InvalidThreadId, TooManyFiles, FileTooLarge, TotalTooLarge, NameConflict,
             InsufficientStorage, NoFilesProvided: nothing was written.
         """
-        validate_thread_id(thread_id)
-        folder = self.uploads_dir(thread_id, user_id)
-        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict), self.paths.make_dirs)
+        folders = self.folders(thread)
+        batch = _UploadBatch(
+            folders.uploads_dir(), self.limits, OnConflict(on_conflict), folders.make_dirs
+        )
         try:
             for incoming in files:
                 batch.add(incoming)
             if batch.count == 0:
                 raise NoFilesProvided()
-            saved = self._commit(self.paths.scope(thread_id, user_id), batch)
+            saved = self._commit(folders, batch)
         except BaseException:
             batch.discard()
             raise
@@ -361,14 +366,13 @@ class UploadService:
 
     def commit_staged(
         self,
-        thread_id: str,
+        thread: Thread,
         name: str,
         staging: Staging,
         *,
         sha256: str,
         content_type: str,
         on_conflict: OnConflict = OnConflict.REPLACE,
-        user_id: str | None = None,
         then: AlsoInCommit | None = None,
     ) -> UploadResult:
         """Commit one file staged elsewhere (a finished resumable upload) exactly as a
@@ -383,19 +387,20 @@ class UploadService:
             NameConflict: `reject` and the name exists now.
             UnsafeFilename: The name is reserved or its destination cannot be replaced.
         """
-        validate_thread_id(thread_id)
-        folder = self.uploads_dir(thread_id, user_id)
-        batch = _UploadBatch(folder, self.limits, OnConflict(on_conflict), self.paths.make_dirs)
+        folders = self.folders(thread)
+        batch = _UploadBatch(
+            folders.uploads_dir(), self.limits, OnConflict(on_conflict), folders.make_dirs
+        )
         if not batch.adopt(name, staging, sha256, content_type):
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
-        saved = self._commit(self.paths.scope(thread_id, user_id), batch, then)
+        saved = self._commit(folders, batch, then)
         if not saved:
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         return UploadResult(saved, [])
 
     def _commit(
         self,
-        scope: str,
+        folders: ThreadFolders,
         batch: _UploadBatch,
         then: AlsoInCommit | None = None,
     ) -> list[SavedFile]:
@@ -415,10 +420,10 @@ class UploadService:
         saved: list[SavedFile] = []
         current = ""
         try:
-            with self.records.locked(scope) as txn:
+            with self.records.locked(folders.scope) as txn:
                 # Streaming took a while: a link planted meanwhile is refused before any
                 # rename goes through it.
-                self.paths.checked(batch.folder)
+                folders.recheck(batch.folder)
                 seen = {s.record.sha256: s.record.filename for s in txn.all()}
                 committed: set[str] = set()
                 for item in batch.staged:
@@ -465,7 +470,7 @@ class UploadService:
         txn.put(StoredRecord(record, info.st_mtime_ns, info.st_ino, info.st_ctime_ns))
         return record
 
-    def list_uploads(self, thread_id: str, user_id: str | None = None) -> list[UploadRecord]:
+    def list_uploads(self, thread: Thread) -> list[UploadRecord]:
         """The thread's records in code-point name order, reconciled with the folder first.
 
         A file added, removed or renamed behind the app's back changes the folder's own
@@ -477,8 +482,9 @@ class UploadService:
         name, new bytes, the folder untouched) is noticed at the next change of the folder
         or the next periodic scan, whichever comes first.
         """
-        folder = self.uploads_dir(thread_id, user_id)
-        scope = self.paths.scope(thread_id, user_id)
+        folders = self.folders(thread)
+        folder = folders.uploads_dir()
+        scope = folders.scope
         signature = _folder_signature(folder)
         now = time.monotonic()
         verified = self._verified.get(scope)
@@ -542,45 +548,42 @@ class UploadService:
             logger.warning("records of %s not reconciled: storage full", scope)
             return _as_found(stored, on_disk, hashed)
 
-    def resolve_artifact(
-        self, thread_id: str, virtual_path: str, user_id: str | None = None
-    ) -> Artifact:
+    def resolve_artifact(self, thread: Thread, virtual_path: str) -> Artifact:
         """A file of the thread's user-data to send, hard links in uploads/ served only when
         the listing includes them (see `resolve_artifact`)."""
+        folders = self.folders(thread)
         return resolve_artifact(
-            self.paths,
-            thread_id,
+            folders,
             virtual_path,
-            user_id,
-            lambda name: any(r.filename == name for r in self.list_uploads(thread_id, user_id)),
+            lambda name: any(r.filename == name for r in self.list_uploads(folders)),
         )
 
-    def get_upload(self, thread_id: str, filename: str, user_id: str | None = None) -> UploadRecord:
+    def get_upload(self, thread: Thread, filename: str) -> UploadRecord:
         """One upload's record.
 
         Raises:
             UploadNotFound: No regular file of that name.
         """
-        for record in self.list_uploads(thread_id, user_id):
+        for record in self.list_uploads(thread):
             if record.filename == filename:
                 return record
         raise UploadNotFound(filename)
 
-    def delete_upload(self, thread_id: str, filename: str, user_id: str | None = None) -> list[str]:
+    def delete_upload(self, thread: Thread, filename: str) -> list[str]:
         """Delete one upload and the companion conversion made from it; return what went.
 
         A symlink is never followed (SPEC D7): it is reported as not found. A `.md` the
         user uploaded is never removed by the cascade (D8).
         """
-        validate_thread_id(thread_id)
         _check_single_segment(filename)
-        folder = self.uploads_dir(thread_id, user_id)
+        folders = self.folders(thread)
+        folder = folders.uploads_dir()
         self._require_regular_file(folder / filename, filename)
-        self.list_uploads(thread_id, user_id)  # fresh records: the cascade relies on them
+        self.list_uploads(folders)  # fresh records: the cascade relies on them
         # The bytes go first: on a full disk, deleting is how space is freed, and the
         # records' write then has room (a record left behind is dropped by the next
         # listing's reconciliation).
-        with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+        with self.records.locked(folders.scope) as txn:
             try:
                 (folder / filename).unlink()
             except FileNotFoundError as error:
@@ -616,34 +619,33 @@ class UploadService:
 
     def rename_upload(
         self,
-        thread_id: str,
+        thread: Thread,
         filename: str,
         new_name: str,
         *,
         on_conflict: OnConflict = OnConflict.REJECT,
-        user_id: str | None = None,
     ) -> UploadRecord:
         """Rename an upload, keeping its record; a companion's link follows it.
 
         The new name follows the upload rules; an existing name is replaced, numbered
         (`_N`) or refused as `on_conflict` says (rename refuses by default).
         """
-        validate_thread_id(thread_id)
         _check_single_segment(filename)
         if "/" in new_name:  # a new name is a name; an upload's client path is cut, not this
             raise UnsafeFilename("A new name cannot contain /")
         target = normalize_filename(new_name)
-        folder = self.uploads_dir(thread_id, user_id)
+        folders = self.folders(thread)
+        folder = folders.uploads_dir()
         self._require_regular_file(folder / filename, filename)
-        self.list_uploads(thread_id, user_id)
+        self.list_uploads(folders)
         if target == filename:
-            return self.get_upload(thread_id, filename, user_id)
+            return self.get_upload(folders, filename)
         # The records step can fail after the disk step (the database out of reach, a
         # journal that cannot grow on a full disk): `commit` then moves the file back and
         # whatever it replaced back into place, so disk and records stay as they were.
         commit = AtomicCommit()
         try:
-            with self.records.locked(self.paths.scope(thread_id, user_id)) as txn:
+            with self.records.locked(folders.scope) as txn:
                 stored = txn.get(filename)
                 if stored is None:  # not listed, e.g. a hard link to a file outside the thread
                     raise UploadNotFound(filename)

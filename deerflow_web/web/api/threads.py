@@ -23,14 +23,15 @@ from flask.typing import ResponseReturnValue
 
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import InvalidThreadId
+from deerflow_web.models import validate_thread_id
 from deerflow_web.services.threads.catalog import SEARCH_MAX_LIMIT
 from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.services.threads.catalog import ThreadRecord
 from deerflow_web.services.threads.catalog import clean_filter
 from deerflow_web.services.threads.catalog import clean_metadata
 from deerflow_web.services.threads.catalog import clean_title
-from deerflow_web.storage.paths import validate_thread_id
-from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.thread_access import current_thread
+from deerflow_web.web.wiring import current_owner
 from deerflow_web.web.wiring import get_services
 
 bp = Blueprint("threads_api", __name__)
@@ -114,9 +115,7 @@ def create_thread() -> ResponseReturnValue:
             raise InvalidInput(str(error), ("body", "thread_id"), thread_id) from None
     metadata = clean_metadata(body.get("metadata"), ("body", "metadata"))
     _sets_title, title = _title(body)
-    record, _created = _catalog().create(
-        current_user_id(), thread_id, title=title, metadata=metadata
-    )
+    record, _created = _catalog().create(current_owner(), thread_id, title=title, metadata=metadata)
     return thread_answer(record)
 
 
@@ -132,30 +131,31 @@ def search_threads() -> ResponseReturnValue:
         raise InvalidInput("Input should be a valid string", ("body", "status"), status)
     if status is not None and status != "idle":
         return []  # every thread here is idle
-    records = _catalog().search(current_user_id(), metadata=wanted, limit=limit, offset=offset)
+    records = _catalog().search(current_owner(), metadata=wanted, limit=limit, offset=offset)
     return [thread_answer(record) for record in records]
 
 
 @bp.get("/threads/<thread_id>")
-def get_thread(thread_id: str) -> ResponseReturnValue:
+def get_thread() -> ResponseReturnValue:
     """One of the caller's threads."""
-    return thread_answer(_catalog().get(current_user_id(), thread_id))
+    return thread_answer(_catalog().get(current_thread()))
 
 
 @bp.patch("/threads/<thread_id>")
-def patch_thread(thread_id: str) -> ResponseReturnValue:
+def patch_thread() -> ResponseReturnValue:
     """Merge `metadata` into the thread's (and set the title given in `values.title`)."""
     body = _body()
     metadata = clean_metadata(body.get("metadata"), ("body", "metadata"))
     sets_title, title = _title(body)
     record = _catalog().update(
-        current_user_id(), thread_id, metadata=metadata, title=title, set_title=sets_title
+        current_thread(), metadata=metadata, title=title, set_title=sets_title
     )
     return thread_answer(record)
 
 
 @bp.delete("/threads/<thread_id>")
-def delete_thread(thread_id: str) -> ResponseReturnValue:
+def delete_thread() -> ResponseReturnValue:
     """Delete the thread with its files, upload records and unfinished uploads."""
-    _catalog().delete(current_user_id(), thread_id)
-    return {"success": True, "message": f"Deleted local thread data for {thread_id}"}
+    thread = current_thread()
+    _catalog().delete(thread)
+    return {"success": True, "message": f"Deleted local thread data for {thread.thread_id}"}

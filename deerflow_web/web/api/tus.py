@@ -24,11 +24,10 @@ from deerflow_web.models import ResumableUpload
 from deerflow_web.services.uploads.resumable import CHECKSUM_ALGORITHMS
 from deerflow_web.services.uploads.resumable import Checksum
 from deerflow_web.services.uploads.resumable import ResumableUploadService
-from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.web.thread_access import current_thread
 from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.request_body import WsgiBody
 from deerflow_web.web.transport.request_body import request_body
-from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 
 bp = Blueprint("tus", __name__)
@@ -93,9 +92,8 @@ def _progress_headers(upload: ResumableUpload) -> dict[str, str]:
 
 @bp.route(UPLOADS, methods=["OPTIONS"])
 @thread_may_be_new
-def server_options(thread_id: str) -> ResponseReturnValue:
+def server_options() -> ResponseReturnValue:
     """What this tus server supports."""
-    validate_thread_id(thread_id)
     headers = {
         "Tus-Version": TUS_VERSION,
         "Tus-Extension": TUS_EXTENSIONS,
@@ -107,25 +105,25 @@ def server_options(thread_id: str) -> ResponseReturnValue:
 
 @bp.post(UPLOADS, provide_automatic_options=False)
 @thread_may_be_new
-def create_upload(thread_id: str) -> ResponseReturnValue:
+def create_upload() -> ResponseReturnValue:
     """Start a resumable upload; the name and size are checked now, not at the end."""
     if "Upload-Defer-Length" in request.headers:
         raise InvalidTusRequest("Upload-Defer-Length is not supported: send Upload-Length")
+    thread = current_thread()
     outcome = _service().create(
-        thread_id,
-        _header_int("Upload-Length"),
-        request.headers.get("Upload-Metadata", ""),
-        user_id=current_user_id(),
+        thread, _header_int("Upload-Length"), request.headers.get("Upload-Metadata", "")
     )
-    location = url_for(".upload_status", thread_id=thread_id, upload_id=outcome.upload.upload_id)
+    location = url_for(
+        ".upload_status", thread_id=thread.thread_id, upload_id=outcome.upload.upload_id
+    )
     headers = {"Location": location, **_progress_headers(outcome.upload)}
     return Response(status=201, headers=headers)
 
 
 @bp.route(UPLOAD, methods=["HEAD"])
-def upload_status(thread_id: str, upload_id: str) -> ResponseReturnValue:
+def upload_status(upload_id: str) -> ResponseReturnValue:
     """How many bytes the server has, so the client knows where to resume."""
-    upload = _service().status(thread_id, upload_id, user_id=current_user_id())
+    upload = _service().status(current_thread(), upload_id)
     headers = {
         **_progress_headers(upload),
         "Upload-Length": str(upload.length),
@@ -137,7 +135,7 @@ def upload_status(thread_id: str, upload_id: str) -> ResponseReturnValue:
 
 
 @bp.patch(UPLOAD)
-def upload_chunk(thread_id: str, upload_id: str) -> ResponseReturnValue:
+def upload_chunk(upload_id: str) -> ResponseReturnValue:
     """Append one chunk, streamed to disk; the last one commits the file (still 204)."""
     if request.mimetype != CHUNK_TYPE:
         raise UnsupportedChunkType()
@@ -151,19 +149,18 @@ def upload_chunk(thread_id: str, upload_id: str) -> ResponseReturnValue:
         else WsgiBody(request.stream, None)  # chunked: Werkzeug knows where it ends
     )
     outcome = _service().append(
-        thread_id,
+        current_thread(),
         upload_id,
         offset=offset,
         body=body,
         content_length=length,
         checksum=checksum,
-        user_id=current_user_id(),
     )
     return Response(status=204, headers=_progress_headers(outcome.upload))
 
 
 @bp.delete(UPLOAD)
-def terminate_upload(thread_id: str, upload_id: str) -> ResponseReturnValue:
+def terminate_upload(upload_id: str) -> ResponseReturnValue:
     """Abandon an upload: its bytes go, and later requests for it answer 404."""
-    _service().terminate(thread_id, upload_id, user_id=current_user_id())
+    _service().terminate(current_thread(), upload_id)
     return Response(status=204)

@@ -24,14 +24,13 @@ from deerflow_web.services.files.artifact_edit import parse_edit
 from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
-from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.api import threads as threads_api
 from deerflow_web.web.api import tus
 from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.security import refuse_cross_site
+from deerflow_web.web.thread_access import current_thread
 from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.uploads import receive_uploads
-from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
@@ -78,20 +77,18 @@ def _query_bool(name: str) -> bool:
     return flag
 
 
-def _formatter(thread_id: str) -> UploadInfoFormatter:
-    return UploadInfoFormatter(
-        thread_id, get_upload_service().uploads_dir(thread_id, current_user_id())
-    )
+def _formatter() -> UploadInfoFormatter:
+    thread = current_thread()
+    return UploadInfoFormatter(thread.thread_id, thread.uploads_dir())
 
 
 @bp.post("/threads/<thread_id>/uploads")
 @thread_may_be_new
-def upload_files(thread_id: str) -> ResponseReturnValue:
+def upload_files() -> ResponseReturnValue:
     """Store the request's files in the thread's uploads folder, streaming each part."""
-    validate_thread_id(thread_id)
-    accepted = receive_uploads(thread_id)
+    accepted = receive_uploads(current_thread())
     result, companions = accepted.result, accepted.companions
-    shape = _formatter(thread_id)
+    shape = _formatter()
     files = [
         shape(
             saved.record,
@@ -115,33 +112,30 @@ def upload_files(thread_id: str) -> ResponseReturnValue:
 
 @bp.get("/threads/<thread_id>/uploads/limits")
 @thread_may_be_new
-def upload_limits(thread_id: str) -> ResponseReturnValue:
+def upload_limits() -> ResponseReturnValue:
     """The limits the upload route enforces, so clients can check before sending."""
-    validate_thread_id(thread_id)
     return get_upload_service().limits.as_dict()
 
 
 @bp.get("/threads/<thread_id>/uploads/list")
 @thread_may_be_new
-def list_uploads(thread_id: str) -> ResponseReturnValue:
+def list_uploads() -> ResponseReturnValue:
     """The thread's uploads, by name, from the records (reconciled with the folder)."""
-    records = get_upload_service().list_uploads(thread_id, current_user_id())
-    files = _formatter(thread_id).listing(records)
+    records = get_upload_service().list_uploads(current_thread())
+    files = _formatter().listing(records)
     return {"files": files, "count": len(files)}
 
 
 @bp.delete("/threads/<thread_id>/uploads/<filename>")
-def delete_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+def delete_upload(filename: str) -> ResponseReturnValue:
     """Delete one upload and the Markdown companion converted from it."""
-    validate_thread_id(thread_id)
-    get_upload_service().delete_upload(thread_id, filename, current_user_id())
+    get_upload_service().delete_upload(current_thread(), filename)
     return {"success": True, "message": f"Deleted {filename}"}
 
 
 @bp.post("/threads/<thread_id>/uploads/<filename>/rename")
-def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+def rename_upload(filename: str) -> ResponseReturnValue:
     """Rename one upload; `new_name` and `on_conflict` come as a JSON object or form fields."""
-    validate_thread_id(thread_id)
     # JSON when the client says so (a malformed body is 400), else form fields
     body = request.get_json() if request.is_json else request.form
     if not isinstance(body, Mapping):
@@ -151,9 +145,9 @@ def rename_upload(thread_id: str, filename: str) -> ResponseReturnValue:
         raise InvalidInput("Field required", ("body", "new_name"))
     on_conflict = OnConflict.named(body.get("on_conflict"), OnConflict.REJECT)
     record = get_upload_service().rename_upload(
-        thread_id, filename, new_name, on_conflict=on_conflict, user_id=current_user_id()
+        current_thread(), filename, new_name, on_conflict=on_conflict
     )
-    info = _formatter(thread_id)(record)
+    info = _formatter()(record)
     return {"success": True, "message": f"Renamed {filename} to {record.filename}", "file": info}
 
 
@@ -175,29 +169,26 @@ def _refuse_range(size: int) -> Response | None:
 
 
 @bp.post("/threads/<thread_id>/uploads/<filename>/convert")
-def convert_upload(thread_id: str, filename: str) -> ResponseReturnValue:
+def convert_upload(filename: str) -> ResponseReturnValue:
     """Convert a document to Markdown now: 200 when done in time, 202 while it runs."""
-    validate_thread_id(thread_id)
-    user_id = current_user_id()
-    status = get_services().conversions.convert(thread_id, filename, user_id=user_id)
+    status = get_services().conversions.convert(current_thread(), filename)
     if status.error is not None:
         raise status.error
-    info = _formatter(thread_id)(status.record, companion=status.companion)
+    info = _formatter()(status.record, companion=status.companion)
     return info, 200 if status.finished else 202
 
 
 @bp.get("/threads/<thread_id>/artifacts/<vpath:virtual_path>")
-def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
+def get_artifact(virtual_path: str) -> ResponseReturnValue:
     """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
-    validate_thread_id(thread_id)
     download = _query_bool("download")
-    uploads, user_id = get_upload_service(), current_user_id()
-    artifact = uploads.resolve_artifact(thread_id, virtual_path, user_id)
+    uploads, thread = get_upload_service(), current_thread()
+    artifact = uploads.resolve_artifact(thread, virtual_path)
     if (refusal := _refuse_range(artifact.size)) is not None:
         return refusal
     attachment = artifact.as_attachment(download)
     try:  # the bytes sent are those of this open file, its ETag checked against them
-        checked = open_checked(uploads, thread_id, artifact.path, user_id)
+        checked = open_checked(uploads, thread, artifact.path)
     except OSError:
         raise ArtifactNotFound(virtual_path.lstrip("/")) from None
     response = send_file(
@@ -228,21 +219,13 @@ def get_artifact(thread_id: str, virtual_path: str) -> ResponseReturnValue:
 
 
 @bp.put("/threads/<thread_id>/artifacts/<vpath:virtual_path>")
-def edit_artifact_content(thread_id: str, virtual_path: str) -> ResponseReturnValue:
+def edit_artifact_content(virtual_path: str) -> ResponseReturnValue:
     """Replace a text file under outputs/ if it is still the version the editor opened."""
-    validate_thread_id(thread_id)
     request.max_content_length = EDIT_BODY_LIMIT  # the JSON is read whole: bound it first
     try:
         body = request.get_json(force=True)
     except BadRequest:
         body = None  # malformed JSON: the same 400 as a body of the wrong shape
     content, expected_sha256 = parse_edit(body)
-    edited = edit_artifact(
-        get_upload_service().paths,
-        thread_id,
-        virtual_path,
-        content,
-        expected_sha256,
-        current_user_id(),
-    )
+    edited = edit_artifact(current_thread(), virtual_path, content, expected_sha256)
     return edited.as_dict()

@@ -28,15 +28,15 @@ from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.listing import build_listing
 from deerflow_web.services.prompt.chat_preview import PreviewTurn
 from deerflow_web.services.prompt.tool_preview import ToolPreview
-from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.web.chat.forms import ChatPreviewForm
 from deerflow_web.web.chat.forms import ChatUploadForm
 from deerflow_web.web.chat.forms import ToolPreviewForm
 from deerflow_web.web.extensions import csrf
 from deerflow_web.web.files.forms import CsrfOnlyForm
+from deerflow_web.web.thread_access import current_thread
 from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.uploads import save_form_files
-from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_chat_preview_service
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_tool_preview_service
@@ -72,7 +72,7 @@ def _tool_form(records: Sequence[UploadRecord], form: ToolPreviewForm | None) ->
 
 
 def _render(
-    thread_id: str,
+    thread: ThreadFolders,
     form: ChatPreviewForm,
     turns: list[PreviewTurn],
     status: int = 200,
@@ -80,11 +80,11 @@ def _render(
     tool_form: ToolPreviewForm | None = None,
     tool_preview: ToolPreview | None = None,
 ) -> ResponseReturnValue:
-    records = get_upload_service().list_uploads(thread_id, current_user_id())
+    records = get_upload_service().list_uploads(thread)
     index = _selected(turns, request.args.get("turn", type=int))
     page = render_template(
         "pages/chat_preview.html",
-        thread_id=thread_id,
+        thread_id=thread.thread_id,
         form=form,
         upload_form=ChatUploadForm(formdata=None),
         clear_form=CsrfOnlyForm(formdata=None),
@@ -100,74 +100,73 @@ def _render(
 
 @bp.get("/threads/<thread_id>/chat")
 @thread_may_be_new
-def chat_preview(thread_id: str) -> ResponseReturnValue:
+def chat_preview() -> ResponseReturnValue:
     """Show the compose form, the selected turn's result and the history of turns."""
-    validate_thread_id(thread_id)
-    turns = get_chat_preview_service().history(thread_id, current_user_id())
+    thread = current_thread()
+    turns = get_chat_preview_service().history(thread)
     form = ChatPreviewForm(
         formdata=None,
         mode=turns[-1].mode if turns else "current",  # stepping through a mode is the usual
         attach=request.args.getlist("attach"),
     )
-    return _render(thread_id, form, turns)
+    return _render(thread, form, turns)
 
 
 @bp.post("/threads/<thread_id>/chat")
 @thread_may_be_new
-def preview_message(thread_id: str) -> ResponseReturnValue:
+def preview_message() -> ResponseReturnValue:
     """Preview the composed message as the next turn, then show it; a first turn in a
     thread the caller does not have yet makes it theirs, as a first upload does."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     form = ChatPreviewForm()
     service = get_chat_preview_service()
     if not form.validate_on_submit():
         # Render instead of redirecting, so what the person typed is not lost.
-        return _render(thread_id, form, service.history(thread_id, current_user_id()), 422)
+        return _render(thread, form, service.history(thread), 422)
     # Browsers send a textarea's line breaks as CRLF; a chat client sends "\n".
     text = (form.message.data or "").replace("\r\n", "\n")
     attached = [name for name in form.attach.data or [] if name]
-    turn = service.preview(thread_id, text, attached, form.mode.data, current_user_id())
-    get_services().threads.create(current_user_id(), thread_id)  # after it succeeded
+    turn = service.preview(thread, text, attached, form.mode.data)
+    get_services().threads.create(thread.ref.user_id, thread_id)  # after it succeeded
     return _back(thread_id, turn=turn.turn_id, _anchor="result")
 
 
 @bp.post("/threads/<thread_id>/chat/tools")
 @thread_may_be_new
-def preview_tool(thread_id: str) -> ResponseReturnValue:
+def preview_tool() -> ResponseReturnValue:
     """Show what `read_file` or `grep` returns to the model for the chosen file."""
-    validate_thread_id(thread_id)
-    user_id = current_user_id()
-    turns = get_chat_preview_service().history(thread_id, user_id)
+    thread = current_thread()
+    turns = get_chat_preview_service().history(thread)
     compose = ChatPreviewForm(formdata=None, mode=turns[-1].mode if turns else "current")
     form = ToolPreviewForm()
     if not form.validate_on_submit():
-        return _render(thread_id, compose, turns, 422, tool_form=form)
+        return _render(thread, compose, turns, 422, tool_form=form)
     service = get_tool_preview_service()
     path = form.path.data or VIRTUAL_UPLOADS_DIR
     if form.tool.data == "grep":
-        preview = service.grep(thread_id, form.pattern.data or "", path, user_id=user_id)
+        preview = service.grep(thread, form.pattern.data or "", path)
     else:
-        preview = service.read_file(
-            thread_id, path, form.start_line.data, form.end_line.data, user_id=user_id
-        )
-    return _render(thread_id, compose, turns, tool_form=form, tool_preview=preview)
+        preview = service.read_file(thread, path, form.start_line.data, form.end_line.data)
+    return _render(thread, compose, turns, tool_form=form, tool_preview=preview)
 
 
 @bp.post("/threads/<thread_id>/chat/upload")
 @thread_may_be_new
 @csrf.exempt  # save_form_files checks the token itself, without spooling the files
-def upload_files(thread_id: str) -> ResponseReturnValue:
+def upload_files() -> ResponseReturnValue:
     """Store new files in the thread and come back with them attached to the message."""
-    validate_thread_id(thread_id)
-    return _back(thread_id, attach=save_form_files(thread_id))
+    thread = current_thread()
+    return _back(thread.thread_id, attach=save_form_files(thread))
 
 
 @bp.post("/threads/<thread_id>/chat/clear")
-def clear_history(thread_id: str) -> ResponseReturnValue:
+def clear_history() -> ResponseReturnValue:
     """Forget the thread's previewed turns (the uploads stay)."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     if CsrfOnlyForm().validate_on_submit():
-        count = get_chat_preview_service().clear(thread_id, current_user_id())
+        count = get_chat_preview_service().clear(thread)
         flash(
             ngettext("Cleared %(num)d previewed turn.", "Cleared %(num)d previewed turns.", count),
             "success",

@@ -25,16 +25,16 @@ from deerflow_web.services.files.zip_download import ZipMember
 from deerflow_web.services.files.zip_download import area_paths
 from deerflow_web.services.files.zip_download import members_for_paths
 from deerflow_web.services.files.zip_download import stream_zip
-from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.web.security import artifact_csp
-from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.thread_access import current_thread
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("downloads", __name__)
 
 
-def _requested_paths(thread_id: str, user_id: str | None) -> list[str]:
+def _requested_paths(thread: ThreadFolders) -> list[str]:
     """User-data paths from `path` (any area), `filenames` (uploads, as the bulk form
     names them) or, with neither, every file of the tab `area` (and `folder`)."""
     paths = request.args.getlist("path")
@@ -48,28 +48,25 @@ def _requested_paths(thread_id: str, user_id: str | None) -> list[str]:
         raise InvalidInput("Unknown area.", ("query", "area"), raw_area) from None
     uploads = get_upload_service()
     return area_paths(
-        uploads.paths,
-        thread_id,
+        thread,
         area,
         request.args.get("folder", ""),
-        user_id,
-        lambda: [record.filename for record in uploads.list_uploads(thread_id, user_id)],
+        lambda: [record.filename for record in uploads.list_uploads(thread)],
     )
 
 
 @bp.get("/threads/<thread_id>/thumbnails/<filename>")
-def thumbnail(thread_id: str, filename: str) -> ResponseReturnValue:
+def thumbnail(filename: str) -> ResponseReturnValue:
     """A small WebP of an uploaded raster image (never SVG), made once per content."""
-    validate_thread_id(thread_id)
-    uploads, user_id = get_upload_service(), current_user_id()
-    record = uploads.get_upload(thread_id, filename, user_id)
+    thread, uploads = current_thread(), get_upload_service()
+    record = uploads.get_upload(thread, filename)
     if not wants_thumbnail(record.filename, record.size):
         abort(404)
     artifact = uploads.resolve_artifact(
-        thread_id, f"{VIRTUAL_PATH_PREFIX}/{Area.UPLOADS.value}/{record.filename}", user_id
+        thread, f"{VIRTUAL_PATH_PREFIX}/{Area.UPLOADS.value}/{record.filename}"
     )
     try:
-        checked = open_checked(uploads, thread_id, artifact.path, user_id)
+        checked = open_checked(uploads, thread, artifact.path)
     except OSError:
         abort(404)
     with checked.file:
@@ -84,19 +81,17 @@ def thumbnail(thread_id: str, filename: str) -> ResponseReturnValue:
 
 
 @bp.get("/threads/<thread_id>/zip")
-def download_zip(thread_id: str) -> ResponseReturnValue:
+def download_zip() -> ResponseReturnValue:
     """A zip of the chosen files, streamed; 404 (and nothing sent) if one cannot be had."""
-    validate_thread_id(thread_id)
-    uploads, user_id = get_upload_service(), current_user_id()
+    thread, uploads = current_thread(), get_upload_service()
     members = members_for_paths(
-        lambda virtual: uploads.resolve_artifact(thread_id, virtual, user_id),
-        _requested_paths(thread_id, user_id),
+        lambda virtual: uploads.resolve_artifact(thread, virtual), _requested_paths(thread)
     )
 
     def open_member(member: ZipMember):  # noqa: ANN202 - a file object
-        return open_checked(uploads, thread_id, member.artifact.path, user_id).file
+        return open_checked(uploads, thread, member.artifact.path).file
 
-    name = f"{thread_id}.zip"
+    name = f"{thread.thread_id}.zip"
     response = Response(
         stream_zip(members, open_member), mimetype="application/zip", direct_passthrough=True
     )

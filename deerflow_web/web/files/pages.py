@@ -31,6 +31,7 @@ from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import OnConflict
+from deerflow_web.models import validate_thread_id
 from deerflow_web.services.files.artifact_edit import open_for_edit
 from deerflow_web.services.files.artifacts import Presentation
 from deerflow_web.services.files.browse import BROWSABLE_AREAS
@@ -46,7 +47,7 @@ from deerflow_web.services.prompt.outline import upload_outline
 from deerflow_web.services.threads.catalog import clean_title
 from deerflow_web.services.threads.overview import list_threads
 from deerflow_web.services.uploads.bulk_delete import delete_uploads
-from deerflow_web.storage.paths import validate_thread_id
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.web import helpers
 from deerflow_web.web.errors import status_for
 from deerflow_web.web.extensions import csrf
@@ -59,10 +60,11 @@ from deerflow_web.web.files.forms import UploadForm
 from deerflow_web.web.i18n import LANG_COOKIE
 from deerflow_web.web.i18n import LANGUAGES
 from deerflow_web.web.messages import describe_error
+from deerflow_web.web.thread_access import current_thread
 from deerflow_web.web.thread_access import thread_may_be_new
 from deerflow_web.web.transport.uploads import flash_form_errors
 from deerflow_web.web.transport.uploads import save_form_files
-from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.wiring import current_owner
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
@@ -93,7 +95,7 @@ def index() -> str:
     titles and ids."""
     query = request.args.get("q", "").strip()
     threads = list_threads(
-        get_services().threads, get_upload_service().records, current_user_id(), query=query
+        get_services().threads, get_upload_service().records, current_owner(), query=query
     )
     return render_template(
         "pages/index.html", threads=threads, query=query, new_form=ThreadTitleForm(formdata=None)
@@ -112,21 +114,23 @@ def new_thread() -> ResponseReturnValue:
     except DeerFlowError as error:
         flash(describe_error(error, get_upload_service().limits), "error")
         return redirect(url_for("pages.index"))
-    record, _created = get_services().threads.create(current_user_id(), title=title)
+    record, _created = get_services().threads.create(current_owner(), title=title)
     flash(_("New thread created. Upload files to get started."), "success")
     return _back_to_thread(record.thread_id)
 
 
 @bp.post("/threads/<thread_id>/title")
-def rename_thread(thread_id: str) -> ResponseReturnValue:
+def rename_thread() -> ResponseReturnValue:
     """Change the thread's title (an empty one removes it)."""
+    thread = current_thread()
+    thread_id = thread.thread_id
     form = ThreadTitleForm()
     if not form.validate_on_submit():
         flash_form_errors(form)
         return _back_to_thread(thread_id)
     try:
         title = clean_title(form.title.data, ("form", "title"))
-        get_services().threads.update(current_user_id(), thread_id, title=title, set_title=True)
+        get_services().threads.update(thread, title=title, set_title=True)
     except DeerFlowError as error:
         flash(describe_error(error, get_upload_service().limits), "error")
         return _back_to_thread(thread_id)
@@ -135,25 +139,29 @@ def rename_thread(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.get("/threads/<thread_id>/delete-thread")
-def confirm_delete_thread(thread_id: str) -> str:
+def confirm_delete_thread() -> str:
     """Ask before deleting a whole thread (the index's Delete link lands here)."""
-    thread = get_services().threads.get(current_user_id(), thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
+    record = get_services().threads.get(thread)
     return render_template(
         "pages/confirm_delete_thread.html",
         thread_id=thread_id,
-        thread=thread,
+        thread=record,
         form=DeleteThreadForm(formdata=None),
     )
 
 
 @bp.post("/threads/<thread_id>/delete-thread")
-def delete_thread(thread_id: str) -> ResponseReturnValue:
+def delete_thread() -> ResponseReturnValue:
     """Delete the thread with all its files once confirmed; otherwise ask first."""
+    thread = current_thread()
+    thread_id = thread.thread_id
     form = DeleteThreadForm()
     if not form.validate_on_submit() or form.confirmed.data != "yes":
         return redirect(url_for("pages.confirm_delete_thread", thread_id=thread_id))
-    get_services().threads.delete(current_user_id(), thread_id)
-    get_services().share_links.forget_thread(current_user_id(), thread_id)
+    get_services().threads.delete(thread)
+    get_services().share_links.forget_thread(thread.ref)
     flash(_("Deleted thread %(id)s and all its files.", id=thread_id), "success")
     return redirect(url_for("pages.index"))
 
@@ -172,12 +180,13 @@ def open_thread() -> ResponseReturnValue:
 
 @bp.get("/threads/<thread_id>")
 @thread_may_be_new
-def thread_files(thread_id: str) -> ResponseReturnValue:
+def thread_files() -> ResponseReturnValue:
     """The file manager: upload form, the uploads list and the area tabs."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     service = get_upload_service()
     query = ListQuery.from_request(request.args, request.cookies.get(LIST_VIEW_COOKIE))
-    records = service.list_uploads(thread_id, current_user_id())
+    records = service.list_uploads(thread)
     listing = build_listing(
         records,
         query=query.q,
@@ -189,7 +198,7 @@ def thread_files(thread_id: str) -> ResponseReturnValue:
     page = render_template(
         "pages/thread_files.html",
         thread_id=thread_id,
-        thread=get_services().threads.find(current_user_id(), thread_id),
+        thread=get_services().threads.find(thread),
         title_form=ThreadTitleForm(formdata=None),
         area=Area.UPLOADS,
         listing=listing,
@@ -200,7 +209,7 @@ def thread_files(thread_id: str) -> ResponseReturnValue:
         upload_form=UploadForm(),
         delete_form=DeleteForm(),
         rename_form=RenameForm(),
-        share_links=get_services().share_links.list_for_thread(current_user_id(), thread_id),
+        share_links=get_services().share_links.list_for_thread(thread.ref),
         share_lifetimes=SHARE_LIFETIMES,
         now=time.time(),
     )
@@ -215,17 +224,19 @@ def thread_files(thread_id: str) -> ResponseReturnValue:
 @bp.post("/threads/<thread_id>/upload")
 @thread_may_be_new
 @csrf.exempt  # save_form_files checks the token itself, without spooling the files
-def upload_files(thread_id: str) -> ResponseReturnValue:
+def upload_files() -> ResponseReturnValue:
     """Store the form's files (the no-JavaScript path; scripts use the JSON API)."""
-    validate_thread_id(thread_id)
-    save_form_files(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
+    save_form_files(thread)
     return _back_to_thread(thread_id)
 
 
 @bp.get("/threads/<thread_id>/delete")
-def confirm_delete(thread_id: str) -> str:
+def confirm_delete() -> str:
     """Ask before deleting the named files (a row's Delete link lands here)."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     filenames = [name for name in request.args.getlist("filenames") if name]
     if not filenames:
         abort(400, _("No file was named."))
@@ -235,9 +246,10 @@ def confirm_delete(thread_id: str) -> str:
 
 
 @bp.post("/threads/<thread_id>/delete")
-def delete_files(thread_id: str) -> ResponseReturnValue:
+def delete_files() -> ResponseReturnValue:
     """Delete the selected files once confirmed; an unconfirmed post shows what it would do."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     form = DeleteForm()
     filenames = [name for name in form.filenames.data or [] if name]
     if not filenames:
@@ -248,7 +260,7 @@ def delete_files(thread_id: str) -> ResponseReturnValue:
             "pages/confirm_delete.html", thread_id=thread_id, filenames=filenames, form=form
         )
     service = get_upload_service()
-    result = delete_uploads(service, thread_id, filenames, current_user_id())
+    result = delete_uploads(service, thread, filenames)
     if result.deleted:
         flash(
             ngettext(
@@ -265,16 +277,17 @@ def delete_files(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.post("/threads/<thread_id>/convert")
-def convert_file(thread_id: str) -> ResponseReturnValue:
+def convert_file() -> ResponseReturnValue:
     """Convert a document to Markdown (the Convert button's path without JavaScript)."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     form = ConvertForm()
     if not form.validate_on_submit():
         flash_form_errors(form)
         return _back_to_thread(thread_id)
     name = form.filename.data
     try:
-        status = get_services().conversions.convert(thread_id, name, user_id=current_user_id())
+        status = get_services().conversions.convert(thread, name)
     except DeerFlowError as error:
         flash(describe_error(error, get_upload_service().limits), "error")
         return _back_to_thread(thread_id)
@@ -296,19 +309,21 @@ def convert_file(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.get("/threads/<thread_id>/rename")
-def rename_form(thread_id: str) -> str:
+def rename_form() -> str:
     """Ask for a file's new name (a row's Rename link lands here)."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     filename = request.args.get("filename", "")
-    record = get_upload_service().get_upload(thread_id, filename, current_user_id())
+    record = get_upload_service().get_upload(thread, filename)
     form = RenameForm(filename=record.filename, new_name=record.filename)
     return render_template("pages/rename.html", thread_id=thread_id, form=form, error=None)
 
 
 @bp.post("/threads/<thread_id>/rename")
-def rename_file(thread_id: str) -> ResponseReturnValue:
+def rename_file() -> ResponseReturnValue:
     """Rename one upload; a taken name asks again with the choice of what to do."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     form = RenameForm()
     service = get_upload_service()
     error_text = None
@@ -316,11 +331,10 @@ def rename_file(thread_id: str) -> ResponseReturnValue:
     if form.validate_on_submit():
         try:
             record = service.rename_upload(
-                thread_id,
+                thread,
                 form.filename.data,
                 form.new_name.data,
                 on_conflict=OnConflict(form.on_conflict.data),
-                user_id=current_user_id(),
             )
         except DeerFlowError as error:
             error_text = describe_error(error, service.limits)
@@ -343,57 +357,56 @@ def rename_file(thread_id: str) -> ResponseReturnValue:
 @bp.get("/threads/<thread_id>/browse/<area>", defaults={"folder": ""})
 @bp.get("/threads/<thread_id>/browse/<area>/<path:folder>")
 @thread_may_be_new
-def browse_area(thread_id: str, area: str, folder: str) -> ResponseReturnValue:
+def browse_area(area: str, folder: str) -> ResponseReturnValue:
     """Read-only view of what the agent wrote to outputs/ or workspace/."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     if area == Area.UPLOADS:
         return _back_to_thread(thread_id)
     if area not in BROWSABLE_AREAS:
         abort(404)
-    listing = list_area(
-        get_upload_service().paths, thread_id, Area(area), folder, current_user_id()
-    )
+    listing = list_area(thread, Area(area), folder)
     return render_template(
         "pages/browse.html",
         thread_id=thread_id,
-        thread=get_services().threads.find(current_user_id(), thread_id),
+        thread=get_services().threads.find(thread),
         title_form=ThreadTitleForm(formdata=None),
         area=Area(area),
         listing=listing,
     )
 
 
-def _image_url(thread_id: str, user_data_path: str) -> str | None:
+def _image_url(thread: ThreadFolders, user_data_path: str) -> str | None:
     """A same-origin URL for an image a Markdown file shows, if it is one of the thread's."""
     try:
         artifact = get_upload_service().resolve_artifact(
-            thread_id, f"{VIRTUAL_PATH_PREFIX}/{user_data_path}", current_user_id()
+            thread, f"{VIRTUAL_PATH_PREFIX}/{user_data_path}"
         )
     except DeerFlowError:
         return None
     if artifact.presentation is not Presentation.IMAGE:
         return None
-    return helpers.artifact_href(thread_id, user_data_path)
+    return helpers.artifact_href(thread.thread_id, user_data_path)
 
 
 @bp.get("/threads/<thread_id>/files/<path:path>")
-def preview_file(thread_id: str, path: str) -> str:
+def preview_file(path: str) -> str:
     """Show one file of the thread: rendered, as text, as media, or as a download card."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     service = get_upload_service()
-    user_id = current_user_id()
     artifact_virtual = f"{VIRTUAL_PATH_PREFIX}/{path}"
-    artifact = service.resolve_artifact(thread_id, artifact_virtual, user_id)
-    preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread_id))
+    artifact = service.resolve_artifact(thread, artifact_virtual)
+    preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread))
     area, _sep, rest = path.partition("/")
     record, outline_source, outline = None, None, []
     neighbours: tuple[str | None, str | None] = (None, None)
     companion = None
     if area == Area.UPLOADS and "/" not in rest:
-        records = service.list_uploads(thread_id, user_id)
+        records = service.list_uploads(thread)
         record = next((r for r in records if r.filename == rest), None)
         if record is not None:
-            folder = service.uploads_dir(thread_id, user_id)
+            folder = thread.uploads_dir()
             outline_source, outline = upload_outline(folder, record, records)
             neighbours = _neighbours(records, record.filename)
             companion = next((r for r in records if r.converted_from == record.filename), None)
@@ -412,9 +425,7 @@ def preview_file(thread_id: str, path: str) -> str:
         outline_source=outline_source,
         preview_limit=PREVIEW_BYTES,
         render_limit=MAX_RENDER_BYTES,
-        editor=open_for_edit(service.paths, thread_id, artifact_virtual, user_id)
-        if area == Area.OUTPUTS
-        else None,
+        editor=open_for_edit(thread, artifact_virtual) if area == Area.OUTPUTS else None,
         previous_name=neighbours[0],
         next_name=neighbours[1],
         companion=companion,

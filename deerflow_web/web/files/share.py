@@ -37,10 +37,9 @@ from deerflow_web.services.files.share_links import parse_hours
 from deerflow_web.services.files.zip_download import ZipMember
 from deerflow_web.services.files.zip_download import members_for_paths
 from deerflow_web.services.files.zip_download import stream_zip
-from deerflow_web.storage.paths import validate_thread_id
 from deerflow_web.web.messages import describe_error
 from deerflow_web.web.security import artifact_csp
-from deerflow_web.web.wiring import current_user_id
+from deerflow_web.web.thread_access import current_thread
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
@@ -62,10 +61,10 @@ def _back(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.post("/threads/<thread_id>/share")
-def create_link(thread_id: str) -> ResponseReturnValue:
+def create_link() -> ResponseReturnValue:
     """Make a link to the selected files (each must be one the owner can download now)."""
-    validate_thread_id(thread_id)
-    user_id = current_user_id()
+    thread = current_thread()
+    thread_id = thread.thread_id
     paths = request.form.getlist("path")
     paths += [f"uploads/{name}" for name in request.form.getlist("filenames") if name]
     password = request.form.get("password") or None
@@ -73,8 +72,8 @@ def create_link(thread_id: str) -> ResponseReturnValue:
     try:
         hours = parse_hours(request.form.get("hours", ""))
         for path in paths:
-            uploads.resolve_artifact(thread_id, f"{VIRTUAL_PATH_PREFIX}/{path}", user_id)
-        link, token = _links().create(user_id, thread_id, paths, hours=hours, password=password)
+            uploads.resolve_artifact(thread, f"{VIRTUAL_PATH_PREFIX}/{path}")
+        link, token = _links().create(thread.ref, paths, hours=hours, password=password)
     except DeerFlowError as error:
         flash(describe_error(error, uploads.limits), "error")
         return _back(thread_id)
@@ -87,11 +86,12 @@ def create_link(thread_id: str) -> ResponseReturnValue:
 
 
 @bp.post("/threads/<thread_id>/share/<link_id>/revoke")
-def revoke_link(thread_id: str, link_id: str) -> ResponseReturnValue:
+def revoke_link(link_id: str) -> ResponseReturnValue:
     """End a link now; whoever holds it gets the same 404 as for any unknown link."""
-    validate_thread_id(thread_id)
+    thread = current_thread()
+    thread_id = thread.thread_id
     try:
-        _links().revoke(current_user_id(), thread_id, link_id)
+        _links().revoke(thread.ref, link_id)
     except ShareLinkNotFound:
         flash(_("That share link does not exist any more."), "error")
         return _back(thread_id)
@@ -131,7 +131,7 @@ def _resolve(link: ShareLink, index: int) -> tuple[str, Artifact]:
     path = link.paths[index]
     try:
         artifact = get_upload_service().resolve_artifact(
-            link.thread_id, f"{VIRTUAL_PATH_PREFIX}/{path}", link.user_id
+            link.thread, f"{VIRTUAL_PATH_PREFIX}/{path}"
         )
     except DeerFlowError:
         raise ArtifactNotFound(path.partition("/")[2]) from None
@@ -206,7 +206,7 @@ def link_zip(token: str) -> ResponseReturnValue:
     members = members_for_paths(lambda virtual: _resolve_virtual(link, virtual), link.paths)
 
     def open_member(member: ZipMember):  # noqa: ANN202 - a file object
-        return open_checked(uploads, link.thread_id, member.artifact.path, link.user_id).file
+        return open_checked(uploads, link.thread, member.artifact.path).file
 
     response = Response(
         stream_zip(members, open_member), mimetype="application/zip", direct_passthrough=True
@@ -232,7 +232,7 @@ def link_file(token: str, index: int) -> ResponseReturnValue:
     attachment = artifact.as_attachment(download)
     uploads = get_upload_service()
     try:
-        checked = open_checked(uploads, link.thread_id, artifact.path, link.user_id)
+        checked = open_checked(uploads, link.thread, artifact.path)
     except OSError:
         abort(404)
     response = send_file(

@@ -26,11 +26,11 @@ from deerflow_web.errors import UploadError
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.services.uploads.intake import AcceptedUploads
+from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.web.extensions import csrf
 from deerflow_web.web.messages import describe_error
 from deerflow_web.web.transport.multipart import multipart_reader
 from deerflow_web.web.transport.multipart import upload_body_limit
-from deerflow_web.web.wiring import current_user_id
 from deerflow_web.web.wiring import get_services
 
 
@@ -38,7 +38,7 @@ class NoFileChosen(Exception):
     """A form was posted without a file: no `files` part, or one nameless part."""
 
 
-def receive_uploads(thread_id: str) -> AcceptedUploads:
+def receive_uploads(thread: ThreadFolders) -> AcceptedUploads:
     """Read the request's files and save them; convert them when the settings say so.
 
     Raises:
@@ -46,7 +46,7 @@ def receive_uploads(thread_id: str) -> AcceptedUploads:
         UploadError, InvalidOption: nothing was written.
     """
     fields, files = open_upload_request()
-    return accept_uploads(thread_id, fields, files)
+    return accept_uploads(thread, fields, files)
 
 
 def open_upload_request(
@@ -80,14 +80,12 @@ def open_upload_request(
 
 
 def accept_uploads(
-    thread_id: str, fields: Mapping[str, str], files: Iterator[IncomingFile]
+    thread: ThreadFolders, fields: Mapping[str, str], files: Iterator[IncomingFile]
 ) -> AcceptedUploads:
     """Stream `files` into the upload intake; `on_conflict` from the query or the fields."""
     field = OnConflict.named(fields.get("on_conflict"), OnConflict.REPLACE)
     on_conflict = OnConflict.named(request.args.get("on_conflict"), field)  # the query wins
-    return get_services().intake.accept(
-        thread_id, files, on_conflict=on_conflict, user_id=current_user_id()
-    )
+    return get_services().intake.accept(thread, files, on_conflict=on_conflict)
 
 
 def flash_form_errors(form: FlaskForm) -> None:
@@ -97,7 +95,7 @@ def flash_form_errors(form: FlaskForm) -> None:
             flash(str(message), "error")
 
 
-def save_form_files(thread_id: str) -> list[str]:
+def save_form_files(thread: ThreadFolders) -> list[str]:
     """Store the files of an upload form as they stream in; return the names stored (none
     on any failure).
 
@@ -116,7 +114,7 @@ def save_form_files(thread_id: str) -> list[str]:
         flash(_("Choose a file."), "error")
         return []
     try:
-        accepted = accept_uploads(thread_id, fields, files)
+        accepted = accept_uploads(thread, fields, files)
     except (UploadError, InvalidOption) as error:
         flash(describe_error(error, get_services().uploads.limits), "error")
         return []

@@ -15,6 +15,7 @@ from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import NotConvertible
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
@@ -53,12 +54,14 @@ def jobs_with(service, converter, **settings) -> ConversionJobs:
 
 
 def save(service, *files: tuple[bytes, str]):
-    return service.save_uploads("T", [IncomingFile(name, io.BytesIO(body)) for body, name in files])
+    return service.save_uploads(
+        ThreadRef.single_user("T"), [IncomingFile(name, io.BytesIO(body)) for body, name in files]
+    )
 
 
 def test_explicit_conversion_records_the_companion(service, base_dir: Path) -> None:
     save(service, (b"%PDF-1.4", "report.pdf"))
-    status = jobs_with(service, fake_converter()).convert("T", "report.pdf")
+    status = jobs_with(service, fake_converter()).convert(ThreadRef.single_user("T"), "report.pdf")
     assert status.finished and status.error is None
     assert status.record.conversion_state is ConversionState.DONE
     assert status.companion.filename == "report.md"
@@ -70,7 +73,7 @@ def test_explicit_conversion_records_the_companion(service, base_dir: Path) -> N
 
 def test_a_users_md_is_never_overwritten(service, base_dir: Path) -> None:
     save(service, (b"USER_MARKDOWN", "notes.md"), (b"PK\x03\x04", "notes.docx"))
-    status = jobs_with(service, fake_converter()).convert("T", "notes.docx")
+    status = jobs_with(service, fake_converter()).convert(ThreadRef.single_user("T"), "notes.docx")
     assert status.companion.filename == "notes_1.md"
     assert (uploads_dir(base_dir, "T", None) / "notes.md").read_bytes() == b"USER_MARKDOWN"
 
@@ -79,17 +82,20 @@ def test_reconversion_replaces_its_own_companion(service, base_dir: Path) -> Non
     save(service, (b"%PDF", "a.pdf"))
     texts = iter(["# first\n", "# second\n"])
     jobs = jobs_with(service, fake_converter(lambda _: next(texts)))
-    jobs.convert("T", "a.pdf")
-    status = jobs.convert("T", "a.pdf")
+    jobs.convert(ThreadRef.single_user("T"), "a.pdf")
+    status = jobs.convert(ThreadRef.single_user("T"), "a.pdf")
     assert status.companion.filename == "a.md"
     assert (uploads_dir(base_dir, "T", None) / "a.md").read_text() == "# second\n"
-    assert [r.filename for r in service.list_uploads("T")] == ["a.md", "a.pdf"]
+    assert [r.filename for r in service.list_uploads(ThreadRef.single_user("T"))] == [
+        "a.md",
+        "a.pdf",
+    ]
 
 
 def test_same_stem_documents_get_their_own_companions(service, base_dir: Path) -> None:
     result = save(service, (b"PK", "a.docx"), (b"%PDF", "a.pdf"), (b"x", "a.txt"))
     jobs = jobs_with(service, fake_converter(), auto_convert_documents=True)
-    companions = jobs.convert_after_upload("T", result)
+    companions = jobs.convert_after_upload(ThreadRef.single_user("T"), result)
     assert sorted(companions) == ["a.docx", "a.pdf"]
     assert companions["a.docx"].filename == "a.md"
     assert companions["a.pdf"].filename == "a_1.md"
@@ -100,26 +106,28 @@ def test_same_stem_documents_get_their_own_companions(service, base_dir: Path) -
 
 def test_delete_removes_exactly_the_recorded_companion(service, base_dir: Path) -> None:
     save(service, (b"USER", "a.md"), (b"%PDF", "a.pdf"))
-    jobs_with(service, fake_converter()).convert("T", "a.pdf")
-    assert service.delete_upload("T", "a.pdf") == ["a.pdf", "a_1.md"]
-    assert [r.filename for r in service.list_uploads("T")] == ["a.md"]
+    jobs_with(service, fake_converter()).convert(ThreadRef.single_user("T"), "a.pdf")
+    assert service.delete_upload(ThreadRef.single_user("T"), "a.pdf") == ["a.pdf", "a_1.md"]
+    assert [r.filename for r in service.list_uploads(ThreadRef.single_user("T"))] == ["a.md"]
 
 
 def test_rename_moves_the_companion_link(service) -> None:
     save(service, (b"%PDF", "a.pdf"))
-    jobs_with(service, fake_converter()).convert("T", "a.pdf")
-    service.rename_upload("T", "a.pdf", "b.pdf")
-    assert {r.filename: r.converted_from for r in service.list_uploads("T")} == {
+    jobs_with(service, fake_converter()).convert(ThreadRef.single_user("T"), "a.pdf")
+    service.rename_upload(ThreadRef.single_user("T"), "a.pdf", "b.pdf")
+    assert {
+        r.filename: r.converted_from for r in service.list_uploads(ThreadRef.single_user("T"))
+    } == {
         "a.md": "b.pdf",
         "b.pdf": None,
     }
-    assert service.delete_upload("T", "b.pdf") == ["b.pdf", "a.md"]
+    assert service.delete_upload(ThreadRef.single_user("T"), "b.pdf") == ["b.pdf", "a.md"]
 
 
 def test_failure_is_recorded_and_keeps_the_original(service, base_dir: Path) -> None:
     save(service, (b"%PDF-broken", "bad.pdf"))
     jobs = jobs_with(service, fake_converter(lambda _: ConversionError("bad.pdf is corrupt")))
-    status = jobs.convert("T", "bad.pdf")
+    status = jobs.convert(ThreadRef.single_user("T"), "bad.pdf")
     assert status.finished
     assert str(status.error) == "bad.pdf is corrupt"
     assert status.record.conversion_state is ConversionState.FAILED
@@ -137,31 +145,31 @@ def test_slow_job_answers_queued_then_finishes(service) -> None:
 
     jobs = jobs_with(service, slow, wait_seconds=0.1)
     save(service, (b"%PDF", "big.pdf"))
-    status = jobs.convert("T", "big.pdf")
+    status = jobs.convert(ThreadRef.single_user("T"), "big.pdf")
     assert not status.finished
     assert status.record.conversion_state in (ConversionState.QUEUED, ConversionState.CONVERTING)
     release.set()
-    wait_until(lambda: jobs.status("T", "big.pdf").finished)
-    assert jobs.status("T", "big.pdf").companion.filename == "big.md"
+    wait_until(lambda: jobs.status(ThreadRef.single_user("T"), "big.pdf").finished)
+    assert jobs.status(ThreadRef.single_user("T"), "big.pdf").companion.filename == "big.md"
 
 
 def test_nothing_is_converted_at_upload_unless_configured(service) -> None:
     result = save(service, (b"%PDF", "a.pdf"))
     calls = []
     jobs = jobs_with(service, lambda *args, **kwargs: calls.append(args))
-    assert jobs.convert_after_upload("T", result) == {}
+    assert jobs.convert_after_upload(ThreadRef.single_user("T"), result) == {}
     assert calls == []
 
 
 def test_not_convertible(service) -> None:
     save(service, (b"a,b", "data.csv"))
     with pytest.raises(NotConvertible):
-        jobs_with(service, fake_converter()).convert("T", "data.csv")
+        jobs_with(service, fake_converter()).convert(ThreadRef.single_user("T"), "data.csv")
 
 
 def test_jobs_cut_off_by_a_restart_are_run_again(service) -> None:
     save(service, (b"%PDF", "a.pdf"), (b"%PDF", "b.pdf"))
-    scope = service.paths.scope("T")
+    scope = service.paths.scope(ThreadRef.single_user("T"))
     lease = time.time() + 60
     service.records.set_conversion(
         scope, "a.pdf", ConversionState.CONVERTING, None, "another-host:1", lease
@@ -171,30 +179,46 @@ def test_jobs_cut_off_by_a_restart_are_run_again(service) -> None:
     )
     jobs = jobs_with(service, fake_converter())
     assert jobs.reclaim_interrupted_jobs() == 1  # the dead local process's job, at once
-    wait_until(lambda: service.get_upload("T", "b.pdf").conversion_state is ConversionState.DONE)
-    assert (service.uploads_dir("T") / "b.md").exists()
+    wait_until(
+        lambda: (
+            service.get_upload(ThreadRef.single_user("T"), "b.pdf").conversion_state
+            is ConversionState.DONE
+        )
+    )
+    assert (service.uploads_dir(ThreadRef.single_user("T")) / "b.md").exists()
     # Another machine's job keeps its live lease: nobody else runs it.
-    assert service.get_upload("T", "a.pdf").conversion_state is ConversionState.CONVERTING
+    assert (
+        service.get_upload(ThreadRef.single_user("T"), "a.pdf").conversion_state
+        is ConversionState.CONVERTING
+    )
     assert service.records.conversion_owner(scope, "a.pdf") == "another-host:1"
 
 
 def test_a_job_whose_lease_ran_out_is_claimed_by_another_instance(service) -> None:
     save(service, (b"%PDF", "a.pdf"), (b"%PDF", "b.pdf"))
-    scope = service.paths.scope("T")
+    scope = service.paths.scope(ThreadRef.single_user("T"))
     past, future = time.time() - 1, time.time() + 60
     service.records.set_conversion(scope, "a.pdf", ConversionState.CONVERTING, None, "dead:1", past)
     service.records.set_conversion(scope, "b.pdf", ConversionState.QUEUED, None, "alive:1", future)
     jobs = jobs_with(service, fake_converter())
     assert jobs.keep_once() == [(scope, "a.pdf")]  # the live lease is left alone
-    wait_until(lambda: service.get_upload("T", "a.pdf").conversion_state is ConversionState.DONE)
-    assert service.get_upload("T", "b.pdf").conversion_state is ConversionState.QUEUED
+    wait_until(
+        lambda: (
+            service.get_upload(ThreadRef.single_user("T"), "a.pdf").conversion_state
+            is ConversionState.DONE
+        )
+    )
+    assert (
+        service.get_upload(ThreadRef.single_user("T"), "b.pdf").conversion_state
+        is ConversionState.QUEUED
+    )
     assert service.records.conversion_owner(scope, "b.pdf") == "alive:1"
     assert jobs.keep_once() == []
 
 
 def test_the_keeper_renews_the_leases_of_its_jobs(service) -> None:
     save(service, (b"%PDF", "a.pdf"))
-    scope = service.paths.scope("T")
+    scope = service.paths.scope(ThreadRef.single_user("T"))
     release = threading.Event()
 
     def slow(source: Path, destination: Path, **_: object) -> None:
@@ -203,7 +227,7 @@ def test_the_keeper_renews_the_leases_of_its_jobs(service) -> None:
 
     jobs = jobs_with(service, slow, lease_seconds=2.0, lease_renew_seconds=0.1)
     try:
-        assert not jobs.convert("T", "a.pdf", wait=0).finished
+        assert not jobs.convert(ThreadRef.single_user("T"), "a.pdf", wait=0).finished
         first = service.records.conversion_job(scope, "a.pdf").lease_until
         wait_until(lambda: service.records.conversion_job(scope, "a.pdf").lease_until > first)
         job = service.records.conversion_job(scope, "a.pdf")
@@ -211,21 +235,25 @@ def test_the_keeper_renews_the_leases_of_its_jobs(service) -> None:
     finally:
         release.set()
         jobs.stop_keeper()
-    assert jobs.convert("T", "a.pdf", wait=5).finished
+    assert jobs.convert(ThreadRef.single_user("T"), "a.pdf", wait=5).finished
 
 
 def test_convert_follows_another_instances_job_then_takes_it_over_when_its_lease_ends(
     service,
 ) -> None:
     save(service, (b"%PDF", "a.pdf"))
-    scope = service.paths.scope("T")
+    scope = service.paths.scope(ThreadRef.single_user("T"))
     service.records.set_conversion(
         scope, "a.pdf", ConversionState.CONVERTING, None, "other:1", time.time() + 0.6
     )
     jobs = jobs_with(service, fake_converter())
-    status = jobs.convert("T", "a.pdf", wait=0.2)  # the other instance holds the lease
+    status = jobs.convert(
+        ThreadRef.single_user("T"), "a.pdf", wait=0.2
+    )  # the other instance holds the lease
     assert not status.finished and jobs.started_jobs == 0
-    status = jobs.convert("T", "a.pdf", wait=5)  # its lease runs out during the wait
+    status = jobs.convert(
+        ThreadRef.single_user("T"), "a.pdf", wait=5
+    )  # its lease runs out during the wait
     assert status.finished and status.companion is not None
     assert jobs.started_jobs == 1
 
@@ -233,7 +261,7 @@ def test_convert_follows_another_instances_job_then_takes_it_over_when_its_lease
 def test_instances_sweeping_together_claim_each_orphan_once(service) -> None:
     names = [f"d{n}.pdf" for n in range(9)]
     save(service, *[(b"%PDF", name) for name in names])
-    scope = service.paths.scope("T")
+    scope = service.paths.scope(ThreadRef.single_user("T"))
     for name in names:
         service.records.set_conversion(scope, name, ConversionState.QUEUED, None, "dead:1", 0.0)
     claims: dict[str, list[tuple[str, str]]] = {}
@@ -264,7 +292,7 @@ def test_result_of_a_file_replaced_meanwhile_is_dropped(service, base_dir: Path)
         destination.write_text("# stale\n")
 
     save(service, (b"%PDF old", "a.pdf"))
-    jobs_with(service, replace_then_convert).convert("T", "a.pdf")
+    jobs_with(service, replace_then_convert).convert(ThreadRef.single_user("T"), "a.pdf")
     assert sorted(p.name for p in uploads_dir(base_dir, "T", None).iterdir()) == ["a.pdf"]
 
 
@@ -272,14 +300,19 @@ def test_a_job_this_process_does_not_run_is_not_renewed_but_run_again(service) -
     """A row naming this process as owner, with nothing running here (its end was lost):
     the keeper does not keep it alive, it claims the lapsed job and runs it to the end."""
     save(service, (b"%PDF", "a.pdf"))
-    scope = service.paths.scope("T")
+    scope = service.paths.scope(ThreadRef.single_user("T"))
     jobs = jobs_with(service, fake_converter())
     lapsed = time.time() - 1
     service.records.set_conversion(
         scope, "a.pdf", ConversionState.CONVERTING, None, jobs.owner, lapsed
     )
     assert jobs.keep_once() == [(scope, "a.pdf")]
-    wait_until(lambda: service.get_upload("T", "a.pdf").conversion_state is ConversionState.DONE)
+    wait_until(
+        lambda: (
+            service.get_upload(ThreadRef.single_user("T"), "a.pdf").conversion_state
+            is ConversionState.DONE
+        )
+    )
     wait_until(lambda: jobs.held_jobs() == [])  # released once its end is written
 
 
@@ -294,7 +327,7 @@ def test_a_job_ending_during_a_postgresql_crash_still_ends(
     engine = open_database(base_dir, postgres_url)
     service = make_upload_service(base_dir, engine=engine)
     save(service, (b"%PDF-1.4", "a.pdf"))
-    scope = service.paths.scope("T")
+    scope = service.paths.scope(ThreadRef.single_user("T"))
     crashed = threading.Event()
 
     def converter(source: Path, destination: Path, **_: object) -> None:
@@ -306,7 +339,7 @@ def test_a_job_ending_during_a_postgresql_crash_still_ends(
 
     jobs = jobs_with(service, converter, lease_seconds=30, lease_renew_seconds=0.2)
     try:
-        jobs.convert("T", "a.pdf", wait=0)
+        jobs.convert(ThreadRef.single_user("T"), "a.pdf", wait=0)
         assert crashed.wait(60), "the converter never ran"
         time.sleep(2)  # the outage itself: a few renewals and final writes fail meanwhile
     finally:
@@ -317,15 +350,21 @@ def test_a_job_ending_during_a_postgresql_crash_still_ends(
     )
     assert job.owner is None and job.lease_until is None
     wait_until(lambda: jobs.held_jobs() == [])  # released once its end is written
-    record = service.get_upload("T", "a.pdf")
+    record = service.get_upload(ThreadRef.single_user("T"), "a.pdf")
     if ending is ConversionState.FAILED:
         assert record.conversion_error == "a.pdf is corrupt"
-        assert sorted(p.name for p in service.uploads_dir("T").iterdir()) == ["a.pdf"]
+        assert sorted(
+            p.name for p in service.uploads_dir(ThreadRef.single_user("T")).iterdir()
+        ) == ["a.pdf"]
     else:
-        companion = service.get_upload("T", "a.md")
+        companion = service.get_upload(ThreadRef.single_user("T"), "a.md")
         assert companion.converted_from == "a.pdf"
-        assert (service.uploads_dir("T") / "a.md").read_text() == "# made during the outage\n"
-        assert sorted(p.name for p in service.uploads_dir("T").iterdir()) == ["a.md", "a.pdf"]
+        assert (
+            service.uploads_dir(ThreadRef.single_user("T")) / "a.md"
+        ).read_text() == "# made during the outage\n"
+        assert sorted(
+            p.name for p in service.uploads_dir(ThreadRef.single_user("T")).iterdir()
+        ) == ["a.md", "a.pdf"]
     jobs.stop_keeper()
     engine.dispose()
 
@@ -419,12 +458,13 @@ def test_a_job_that_finishes_before_it_is_registered_does_not_hang(service) -> N
         future.result()  # finished before `_start` registers its callback
         return future
 
-    jobs.convert("T", "fast.pdf")  # creates the pool
+    jobs.convert(ThreadRef.single_user("T"), "fast.pdf")  # creates the pool
     real_submit = jobs._pool.submit
     jobs._pool.submit = submit_and_finish
     outcome: list[object] = []
     worker = threading.Thread(
-        target=lambda: outcome.append(jobs.convert("T", "fast.pdf")), daemon=True
+        target=lambda: outcome.append(jobs.convert(ThreadRef.single_user("T"), "fast.pdf")),
+        daemon=True,
     )
     worker.start()
     worker.join(10)

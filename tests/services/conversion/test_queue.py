@@ -17,6 +17,7 @@ from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import ConversionUserLimit
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
@@ -24,6 +25,7 @@ from deerflow_web.settings import load_settings
 from deerflow_web.web import create_app
 from tests.helpers import needs_auth
 from tests.helpers import prepare_test_app
+from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
 from tests.helpers import wait_until
 from tests.support.documents import make_spinning_pdf
@@ -44,28 +46,33 @@ def test_jobs_past_the_bound_are_refused_and_nothing_is_marked(base_dir: Path) -
     service = make_upload_service(base_dir)
     names = ["a.pdf", "b.pdf", "c.pdf", "d.pdf"]
     service.save_uploads(
-        "T", [IncomingFile(n, io.BytesIO(b"%PDF-1.4 " + n.encode())) for n in names]
+        ThreadRef.single_user("T"),
+        [IncomingFile(n, io.BytesIO(b"%PDF-1.4 " + n.encode())) for n in names],
     )
     blocker = BlockingConverter()
     jobs = ConversionJobs(
         service, ConversionSettings(workers=1, max_queued=2, wait_seconds=0.01), converter=blocker
     )
     try:
-        jobs.convert("T", "a.pdf", wait=0.2)  # running
-        jobs.convert("T", "b.pdf", wait=0)  # queued
-        jobs.convert("T", "c.pdf", wait=0)  # queued: the queue is full now
+        jobs.convert(ThreadRef.single_user("T"), "a.pdf", wait=0.2)  # running
+        jobs.convert(ThreadRef.single_user("T"), "b.pdf", wait=0)  # queued
+        jobs.convert(ThreadRef.single_user("T"), "c.pdf", wait=0)  # queued: the queue is full now
         assert jobs.queued == 2
         with pytest.raises(ConversionQueueFull) as caught:
-            jobs.convert("T", "d.pdf", wait=0)
+            jobs.convert(ThreadRef.single_user("T"), "d.pdf", wait=0)
         assert caught.value.retry_after > 0
         assert "queue is full (2 waiting)" in str(caught.value)
-        record = service.get_upload("T", "d.pdf")
+        record = service.get_upload(ThreadRef.single_user("T"), "d.pdf")
         assert record.conversion_state is None  # the refused job left no trace
-        jobs.convert("T", "b.pdf", wait=0)  # asking again for a queued file takes no slot
+        jobs.convert(
+            ThreadRef.single_user("T"), "b.pdf", wait=0
+        )  # asking again for a queued file takes no slot
     finally:
         blocker.release.set()
-    assert jobs.convert("T", "c.pdf", wait=10).finished
-    assert jobs.convert("T", "d.pdf", wait=10).companion is not None  # room again
+    assert jobs.convert(ThreadRef.single_user("T"), "c.pdf", wait=10).finished
+    assert (
+        jobs.convert(ThreadRef.single_user("T"), "d.pdf", wait=10).companion is not None
+    )  # room again
 
 
 def _app(base_dir: Path, tmp_path: Path, config: dict[str, Any]) -> Any:
@@ -179,7 +186,7 @@ class GatedConverter:
 
 def _save_for(service: Any, user_id: str | None, *names: str) -> None:
     files = [IncomingFile(name, io.BytesIO(b"%PDF-1.4 " + name.encode())) for name in names]
-    service.save_uploads("T", files, user_id=user_id)
+    service.save_uploads(thread_ref("T", user_id), files)
 
 
 def test_one_users_backlog_does_not_hold_back_another_users_first_job(base_dir: Path) -> None:
@@ -193,9 +200,9 @@ def test_one_users_backlog_does_not_hold_back_another_users_first_job(base_dir: 
     )
     try:
         for name in alice:
-            jobs.convert("T", name, user_id="alice", wait=0)
+            jobs.convert(thread_ref("T", "alice"), name, wait=0)
         wait_until(lambda: converter.started == ["a1.pdf"])
-        jobs.convert("T", "b1.pdf", user_id="bob", wait=0)  # queued after all of alice's
+        jobs.convert(thread_ref("T", "bob"), "b1.pdf", wait=0)  # queued after all of alice's
         converter.gate.release()  # a1 ends: the converter is free
         wait_until(lambda: len(converter.started) == 2)
         assert converter.started[1] == "b1.pdf"
@@ -205,7 +212,7 @@ def test_one_users_backlog_does_not_hold_back_another_users_first_job(base_dir: 
     wait_until(lambda: len(converter.started) == 5)
     assert converter.started[2:] == ["a2.pdf", "a3.pdf", "a4.pdf"]
     for name in alice:
-        wait_until(lambda name=name: jobs.status("T", name, user_id="alice").finished)
+        wait_until(lambda name=name: jobs.status(thread_ref("T", "alice"), name).finished)
 
 
 def test_a_user_past_their_share_is_refused_and_others_are_not(base_dir: Path) -> None:
@@ -216,21 +223,21 @@ def test_a_user_past_their_share_is_refused_and_others_are_not(base_dir: Path) -
     blocker = BlockingConverter()
     jobs = ConversionJobs(service, ConversionSettings(workers=1, max_per_user=2), converter=blocker)
     try:
-        jobs.convert("T", "a1.pdf", user_id="alice", wait=0)
-        jobs.convert("T", "a2.pdf", user_id="alice", wait=0)
+        jobs.convert(thread_ref("T", "alice"), "a1.pdf", wait=0)
+        jobs.convert(thread_ref("T", "alice"), "a2.pdf", wait=0)
         with pytest.raises(ConversionUserLimit) as caught:
-            jobs.convert("T", "a3.pdf", user_id="alice", wait=0)
+            jobs.convert(thread_ref("T", "alice"), "a3.pdf", wait=0)
         assert caught.value.retry_after > 0
         assert "2 conversions queued or running" in str(caught.value)
         assert "conversion.max_per_user" in str(caught.value)
-        assert service.get_upload("T", "a3.pdf", "alice").conversion_state is None
-        jobs.convert("T", "b1.pdf", user_id="bob", wait=0)  # another user still gets in
+        assert service.get_upload(thread_ref("T", "alice"), "a3.pdf").conversion_state is None
+        jobs.convert(thread_ref("T", "bob"), "b1.pdf", wait=0)  # another user still gets in
         for name in ("s1.pdf", "s2.pdf", "s3.pdf"):  # single-user mode: one user, no share
-            jobs.convert("T", name, wait=0)
+            jobs.convert(ThreadRef.single_user("T"), name, wait=0)
     finally:
         blocker.release.set()
-    assert jobs.convert("T", "a2.pdf", user_id="alice", wait=10).finished
-    assert jobs.convert("T", "a3.pdf", user_id="alice", wait=10).finished  # room again
+    assert jobs.convert(thread_ref("T", "alice"), "a2.pdf", wait=10).finished
+    assert jobs.convert(thread_ref("T", "alice"), "a3.pdf", wait=10).finished  # room again
 
 
 @needs_auth
@@ -265,16 +272,18 @@ def test_a_document_that_spins_the_cpu_is_stopped_by_the_cpu_limit(
     3 s of CPU time, long before the wall-clock limit, with a reason in the record."""
     service = make_upload_service(base_dir)
     document = make_spinning_pdf(tmp_path / "spin.pdf", operations=2_000_000)
-    service.save_uploads("T", [IncomingFile("spin.pdf", io.BytesIO(document.read_bytes()))])
+    service.save_uploads(
+        ThreadRef.single_user("T"), [IncomingFile("spin.pdf", io.BytesIO(document.read_bytes()))]
+    )
     jobs = ConversionJobs(
         service,
         ConversionSettings(cpu_limit_seconds=3, timeout_seconds=600, wait_seconds=300),
     )
     started = time.monotonic()
-    status = jobs.convert("T", "spin.pdf")
+    status = jobs.convert(ThreadRef.single_user("T"), "spin.pdf")
     assert status.finished and isinstance(status.error, ConversionTimedOut)
     assert time.monotonic() - started < 300
-    record = service.get_upload("T", "spin.pdf")
+    record = service.get_upload(ThreadRef.single_user("T"), "spin.pdf")
     assert record.conversion_state is ConversionState.FAILED
     assert "3 s of CPU time" in record.conversion_error
     assert "conversion.cpu_limit_seconds" in record.conversion_error

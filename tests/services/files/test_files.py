@@ -11,8 +11,10 @@ import pytest
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import NotAFile
 from deerflow_web.errors import PathTraversal
+from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.files.browse import list_area
@@ -41,7 +43,7 @@ def service(tmp_path: Path) -> UploadService:
 
 def save(service: UploadService, thread_id: str, **files: bytes) -> None:
     incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
-    service.save_uploads(thread_id, incoming)
+    service.save_uploads(ThreadRef.single_user(thread_id), incoming)
 
 
 # ---- Sizes (SPEC 2.7) ------------------------------------------------------------
@@ -208,7 +210,9 @@ def test_the_render_cache_keeps_to_its_size_least_recently_used_out_first() -> N
 
 def preview_of(service: UploadService, name: str, body: bytes):
     save(service, "t1", **{name: body})
-    artifact = resolve_artifact(service.paths, "t1", f"/mnt/user-data/uploads/{name}")
+    artifact = resolve_artifact(
+        service.folders(ThreadRef.single_user("t1")), f"/mnt/user-data/uploads/{name}"
+    )
     return build_preview(artifact, user_data_path=f"uploads/{name}")
 
 
@@ -283,40 +287,40 @@ def test_json_preview(service: UploadService) -> None:
 
 
 def test_list_area(service: UploadService) -> None:
-    outputs = service.paths.area_dir("t1", "outputs")
+    outputs = service.paths.area_dir(ThreadRef.single_user("t1"), "outputs")
     (outputs / "sub" / "deeper").mkdir(parents=True)
     (outputs / "b.txt").write_text("b")
     (outputs / "A.md").write_text("a")
     (outputs / "sub" / "c.csv").write_text("c")
     (outputs / ".upload-x.part").write_text("staging")
     (outputs / "link").symlink_to(outputs / "b.txt")
-    listing = list_area(service.paths, "t1", "outputs")
+    listing = list_area(service.folders(ThreadRef.single_user("t1")), "outputs")
     assert [(e.name, e.is_dir) for e in listing.entries] == [
         ("sub", True),
         ("A.md", False),
         ("b.txt", False),
     ]
-    sub = list_area(service.paths, "t1", "outputs", "sub/")
+    sub = list_area(service.folders(ThreadRef.single_user("t1")), "outputs", "sub/")
     assert [e.user_data_path for e in sub.entries] == ["outputs/sub/deeper", "outputs/sub/c.csv"]
     assert sub.parent == "" and sub.breadcrumbs == [("sub", "sub")]
-    deeper = list_area(service.paths, "t1", "outputs", "sub/deeper")
+    deeper = list_area(service.folders(ThreadRef.single_user("t1")), "outputs", "sub/deeper")
     assert deeper.parent == "sub"
 
 
 def test_list_area_errors(service: UploadService, tmp_path: Path) -> None:
-    assert list_area(service.paths, "t1", "workspace").entries == []
-    outputs = service.paths.area_dir("t1", "outputs")
+    assert list_area(service.folders(ThreadRef.single_user("t1")), "workspace").entries == []
+    outputs = service.paths.area_dir(ThreadRef.single_user("t1"), "outputs")
     outputs.mkdir(parents=True)
     (outputs / "f.txt").write_text("x")
     (outputs / "escape").symlink_to(tmp_path)
     with pytest.raises(PathTraversal):
-        list_area(service.paths, "t1", "outputs", "../uploads")
+        list_area(service.folders(ThreadRef.single_user("t1")), "outputs", "../uploads")
     with pytest.raises(PathTraversal):
-        list_area(service.paths, "t1", "outputs", "escape")
+        list_area(service.folders(ThreadRef.single_user("t1")), "outputs", "escape")
     with pytest.raises(ArtifactNotFound):
-        list_area(service.paths, "t1", "outputs", "missing")
+        list_area(service.folders(ThreadRef.single_user("t1")), "outputs", "missing")
     with pytest.raises(NotAFile):
-        list_area(service.paths, "t1", "outputs", "f.txt")
+        list_area(service.folders(ThreadRef.single_user("t1")), "outputs", "f.txt")
 
 
 # ---- Threads and bulk delete ----------------------------------------------------------
@@ -330,29 +334,33 @@ def test_list_threads_newest_first_including_empty_ones(service: UploadService) 
     save(service, "with-files", **{"a.txt": b"12", "b.txt": b"345"})
     catalog = catalog_of(service)
     catalog._clock = lambda: time.time() + 60  # newer than the upload, whatever the clock
-    fresh, _created = catalog.create(None, title="Fresh one")
-    threads = list_threads(catalog, service.records)
+    fresh, _created = catalog.create(SINGLE_USER, title="Fresh one")
+    threads = list_threads(catalog, service.records, SINGLE_USER)
     assert [t.thread_id for t in threads] == [fresh.thread_id, "with-files"]
     assert (threads[1].file_count, threads[1].total_size, threads[1].title) == (2, 5, None)
     assert (threads[0].file_count, threads[0].total_size) == (0, 0)
     assert threads[0].title == "Fresh one"
-    assert [t.thread_id for t in list_threads(catalog, service.records, query="FRESH")] == [
-        fresh.thread_id
-    ]
-    assert [t.thread_id for t in list_threads(catalog, service.records, query="h-fil")] == [
+    assert [
+        t.thread_id for t in list_threads(catalog, service.records, SINGLE_USER, query="FRESH")
+    ] == [fresh.thread_id]
+    assert [
+        t.thread_id for t in list_threads(catalog, service.records, SINGLE_USER, query="h-fil")
+    ] == [
         "with-files"  # ids are searched too
     ]
 
 
 def test_list_threads_hides_records_of_removed_folders(service: UploadService) -> None:
     save(service, "gone", **{"a.txt": b"1"})
-    service.paths.delete_thread_dir("gone")
-    assert list_threads(catalog_of(service), service.records) == []
+    service.paths.delete_thread_dir(ThreadRef.single_user("gone"))
+    assert list_threads(catalog_of(service), service.records, SINGLE_USER) == []
 
 
 def test_bulk_delete_reports_each_name(service: UploadService) -> None:
     save(service, "t1", **{"a.txt": b"1", "b.txt": b"2"})
-    result = delete_uploads(service, "t1", ["a.txt", "a.txt", "nope.txt", "b.txt"])
+    result = delete_uploads(
+        service, ThreadRef.single_user("t1"), ["a.txt", "a.txt", "nope.txt", "b.txt"]
+    )
     assert result.deleted == ["a.txt", "b.txt"]
     assert [name for name, _ in result.failed] == ["nope.txt"]
 

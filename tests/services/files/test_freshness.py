@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from deerflow_web.agent.tools import make_read_file_tool
+from deerflow_web.agent import UploadTools
 from deerflow_web.services.uploads import service as uploads_module
 from tests.helpers import USER_ID
 from tests.helpers import UploadActions
@@ -52,13 +52,13 @@ def listed(uploads: UploadActions, name: str) -> dict[str, Any]:
 
 def read_file(app: Any, name: str) -> str:
     services = app.extensions["deerflow_web"]
-    tool = make_read_file_tool(
+    tool = UploadTools(
         paths=services.uploads.paths,
         upload_service=services.uploads,
         conversion_jobs=services.conversions,
         read_wait_seconds=120,
         require_user=False,
-    )
+    ).by_name()["read_file"]
     runtime = make_runtime({"thread_id": "T", "user_id": USER_ID})
     return tool.invoke({"path": f"/mnt/user-data/uploads/{name}", "runtime": runtime})
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from deerflow_web.models import ThreadRef
 from deerflow_web.services.prompt.outline import extract_outline
 from deerflow_web.services.prompt.outline import outline_for_file
 
@@ -144,7 +145,7 @@ def test_upload_outline_follows_the_recorded_companion(tmp_path: Path) -> None:
 
     service = make_upload_service(tmp_path)
     service.save_uploads(
-        "t",
+        ThreadRef.single_user("t"),
         [
             IncomingFile("a.md", io.BytesIO(b"# Mine\n")),
             IncomingFile("a.pdf", io.BytesIO(b"%PDF-1.4")),
@@ -155,10 +156,12 @@ def test_upload_outline_follows_the_recorded_companion(tmp_path: Path) -> None:
     def convert(source: Path, destination: Path, **_: object) -> None:
         destination.write_text("# Converted\n\n## Part Two\n")
 
-    ConversionJobs(service, ConversionSettings(), converter=convert).convert("t", "a.pdf")
-    records = service.list_uploads("t")
+    ConversionJobs(service, ConversionSettings(), converter=convert).convert(
+        ThreadRef.single_user("t"), "a.pdf"
+    )
+    records = service.list_uploads(ThreadRef.single_user("t"))
     by_name = {r.filename: r for r in records}
-    folder = service.uploads_dir("t")
+    folder = service.uploads_dir(ThreadRef.single_user("t"))
     assert upload_outline(folder, by_name["a.pdf"], records) == (
         "a_1.md",
         [{"title": "Converted", "line": 1}, {"title": "Part Two", "line": 3}],

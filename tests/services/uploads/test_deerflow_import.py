@@ -17,8 +17,8 @@ from flask import Flask
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import AUTH_ON
 from tests.helpers import TEST_EMAIL
-from tests.helpers import USER_ID
 from tests.helpers import needs_auth
+from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
 from tests.helpers import user_data_dir
 
@@ -86,7 +86,7 @@ def options() -> list[str]:
 
 def records(app: Flask, thread_id: str) -> dict[str, object]:
     services = app.extensions[EXTENSION_KEY]
-    scope = services.uploads.paths.scope(thread_id, USER_ID)
+    scope = services.uploads.paths.scope(thread_ref(thread_id))
     return {s.record.filename: s for s in services.uploads.records.all(scope)}
 
 
@@ -191,12 +191,12 @@ def test_owners_by_rule(app: Flask, tree: Path, base_dir: Path) -> None:
     assert "skipped threads/t1: no owner for DeerFlow's flat layout" in result.output
     assert (uploads_dir(base_dir, "t2") / "a.txt").exists()  # u1's t2 is the test user's
     assert (uploads_dir(base_dir, "t3", other.id) / "b.txt").read_bytes() == b"b"
-    assert services.threads.exists(other.id, "t3")
-    assert not services.threads.exists(USER_ID, "t3")
+    assert services.threads.exists(thread_ref("t3", other.id))
+    assert not services.threads.exists(thread_ref("t3"))
     assert not uploads_dir(base_dir, "t1").exists()
     unmapped = run(app, str(tree), "--owner", TEST_EMAIL)
     assert "skipped users/u1/threads/t2: DeerFlow user u1 is not mapped" in unmapped.output
-    assert services.threads.exists(USER_ID, "t1")
+    assert services.threads.exists(thread_ref("t1"))
     unknown = run(app, str(tree), "--owner", "nobody@example.com")
     assert unknown.exit_code != 0 and "No account with email nobody@example.com" in unknown.output
     bad = run(app, str(tree), "--map", "u1")

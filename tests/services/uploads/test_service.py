@@ -18,6 +18,7 @@ from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
+from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadLimits
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.migrate import open_database
@@ -49,7 +50,7 @@ def folder_state(base_dir: Path) -> dict[str, bytes]:
 def stored(service: UploadService) -> dict[str, int]:
     return {
         s.record.filename: s.record.size
-        for s in service.records.all(service.paths.scope("T", None))
+        for s in service.records.all(service.paths.scope(ThreadRef.single_user("T")))
     }
 
 
@@ -59,11 +60,13 @@ def service(base_dir: Path) -> UploadService:
 
 
 def test_saves_files_and_records(service: UploadService, base_dir: Path) -> None:
-    result = service.save_uploads("T", files(("a.txt", b"hello"), ("b.txt", b"world!")))
+    result = service.save_uploads(
+        ThreadRef.single_user("T"), files(("a.txt", b"hello"), ("b.txt", b"world!"))
+    )
     assert [saved.record.filename for saved in result.files] == ["a.txt", "b.txt"]
     assert folder_state(base_dir) == {"a.txt": b"hello", "b.txt": b"world!"}
     assert stored(service) == {"a.txt": 5, "b.txt": 6}
-    assert service.get_upload("T", "a.txt").uploaded_at == 1000.0
+    assert service.get_upload(ThreadRef.single_user("T"), "a.txt").uploaded_at == 1000.0
 
 
 @pytest.mark.parametrize(
@@ -79,21 +82,23 @@ def test_saves_files_and_records(service: UploadService, base_dir: Path) -> None
 def test_a_limit_writes_nothing(
     service: UploadService, base_dir: Path, parts: list[tuple[str, bytes]], error: type
 ) -> None:
-    service.save_uploads("T", files(("keep.txt", b"kept")))
+    service.save_uploads(ThreadRef.single_user("T"), files(("keep.txt", b"kept")))
     with pytest.raises(error):
-        service.save_uploads("T", files(*parts))
+        service.save_uploads(ThreadRef.single_user("T"), files(*parts))
     assert folder_state(base_dir) == {"keep.txt": b"kept"}
     assert stored(service) == {"keep.txt": 4}
 
 
 def test_a_size_equal_to_the_limit_is_accepted(service: UploadService, base_dir: Path) -> None:
-    service.save_uploads("T", files(("a.bin", b"x" * 10), ("b.bin", b"x" * 5)))
+    service.save_uploads(
+        ThreadRef.single_user("T"), files(("a.bin", b"x" * 10), ("b.bin", b"x" * 5))
+    )
     assert stored(service) == {"a.bin": 10, "b.bin": 5}
 
 
 def test_a_failed_commit_puts_the_replaced_file_back(base_dir: Path) -> None:
     service = make_service(base_dir)
-    service.save_uploads("T", files(("a.txt", b"old")))
+    service.save_uploads(ThreadRef.single_user("T"), files(("a.txt", b"old")))
     calls = itertools.count()
 
     def clock_failing_on_second_file() -> float:
@@ -103,45 +108,53 @@ def test_a_failed_commit_puts_the_replaced_file_back(base_dir: Path) -> None:
 
     service = make_service(base_dir, clock_failing_on_second_file)
     with pytest.raises(Exception, match="disk went away"):
-        service.save_uploads("T", files(("a.txt", b"new"), ("b.txt", b"other")))
+        service.save_uploads(
+            ThreadRef.single_user("T"), files(("a.txt", b"new"), ("b.txt", b"other"))
+        )
     assert folder_state(base_dir) == {"a.txt": b"old"}
     assert stored(service) == {"a.txt": 3}
-    assert service.get_upload("T", "a.txt").uploaded_at == 1000.0
+    assert service.get_upload(ThreadRef.single_user("T"), "a.txt").uploaded_at == 1000.0
 
 
 def test_reject_keeps_the_existing_file(service: UploadService, base_dir: Path) -> None:
-    service.save_uploads("T", files(("a.txt", b"old")))
+    service.save_uploads(ThreadRef.single_user("T"), files(("a.txt", b"old")))
     with pytest.raises(NameConflict):
-        service.save_uploads("T", files(("a.txt", b"new")), on_conflict=OnConflict.REJECT)
+        service.save_uploads(
+            ThreadRef.single_user("T"), files(("a.txt", b"new")), on_conflict=OnConflict.REJECT
+        )
     assert folder_state(base_dir) == {"a.txt": b"old"}
 
 
 def test_rename_on_conflict_numbers_the_new_file(service: UploadService, base_dir: Path) -> None:
-    service.save_uploads("T", files(("a.txt", b"old")))
-    result = service.save_uploads("T", files(("a.txt", b"new")), on_conflict=OnConflict.RENAME)
+    service.save_uploads(ThreadRef.single_user("T"), files(("a.txt", b"old")))
+    result = service.save_uploads(
+        ThreadRef.single_user("T"), files(("a.txt", b"new")), on_conflict=OnConflict.RENAME
+    )
     assert result.files[0].record.filename == "a_1.txt"
     assert result.files[0].record.original_filename == "a.txt"
     assert folder_state(base_dir) == {"a.txt": b"old", "a_1.txt": b"new"}
 
 
 def test_rename_moves_bytes_and_record(service: UploadService, base_dir: Path) -> None:
-    service.save_uploads("T", files(("a.txt", b"data"), ("b.txt", b"other")))
-    record = service.rename_upload("T", "a.txt", "c.txt")
+    service.save_uploads(ThreadRef.single_user("T"), files(("a.txt", b"data"), ("b.txt", b"other")))
+    record = service.rename_upload(ThreadRef.single_user("T"), "a.txt", "c.txt")
     assert record.filename == "c.txt"
     assert folder_state(base_dir) == {"c.txt": b"data", "b.txt": b"other"}
     assert stored(service) == {"b.txt": 5, "c.txt": 4}
     with pytest.raises(NameConflict):
-        service.rename_upload("T", "c.txt", "b.txt")
+        service.rename_upload(ThreadRef.single_user("T"), "c.txt", "b.txt")
     assert folder_state(base_dir) == {"c.txt": b"data", "b.txt": b"other"}
 
 
 def test_delete_cascades_to_the_companion_only(service: UploadService, base_dir: Path) -> None:
-    service.save_uploads("T", files(("r.docx", b"PK\x03\x04doc"), ("notes.md", b"mine")))
+    service.save_uploads(
+        ThreadRef.single_user("T"), files(("r.docx", b"PK\x03\x04doc"), ("notes.md", b"mine"))
+    )
     folder = uploads_dir(base_dir, "T", None)
     (folder / "r.md").write_text("# converted\n")  # DeerFlow's companion name, found on disk
-    service.list_uploads("T")
-    assert service.delete_upload("T", "r.docx") == ["r.docx", "r.md"]
+    service.list_uploads(ThreadRef.single_user("T"))
+    assert service.delete_upload(ThreadRef.single_user("T"), "r.docx") == ["r.docx", "r.md"]
     assert folder_state(base_dir) == {"notes.md": b"mine"}
     assert stored(service) == {"notes.md": 4}
     with pytest.raises(UploadNotFound):
-        service.delete_upload("T", "r.docx")
+        service.delete_upload(ThreadRef.single_user("T"), "r.docx")

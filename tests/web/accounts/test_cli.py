@@ -10,8 +10,10 @@ from pathlib import Path
 from flask import Flask
 
 from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import needs_auth
+from tests.helpers import thread_ref
 
 pytestmark = needs_auth
 
@@ -55,9 +57,13 @@ def test_token_prints_a_working_token(app: Flask) -> None:
 
 def test_adopt_threads_moves_flat_threads_with_their_records(app: Flask, base_dir: Path) -> None:
     services = app.extensions[EXTENSION_KEY]
-    services.uploads.save_uploads("old", [IncomingFile("notes.txt", BytesIO(b"kept"))])
-    services.uploads.save_uploads("taken", [IncomingFile("x.txt", BytesIO(b"x"))])
-    services.threads.update(None, "old", title="Old notes", set_title=True)
+    services.uploads.save_uploads(
+        ThreadRef.single_user("old"), [IncomingFile("notes.txt", BytesIO(b"kept"))]
+    )
+    services.uploads.save_uploads(
+        ThreadRef.single_user("taken"), [IncomingFile("x.txt", BytesIO(b"x"))]
+    )
+    services.threads.update(ThreadRef.single_user("old"), title="Old notes", set_title=True)
     other = services.accounts.create_user("other@example.com", "other password")
     services.threads.create(other.id, "old")  # another user's "old": no obstacle, ids are per user
     run(app, "create", "me@example.com", password="my password\n")
@@ -68,11 +74,11 @@ def test_adopt_threads_moves_flat_threads_with_their_records(app: Flask, base_di
     assert "adopted old" in result.output and "skipped taken" in result.output
     assert not (base_dir / "threads" / "old").exists()
     assert (base_dir / "threads" / "taken").exists()
-    [record] = services.uploads.list_uploads("old", me.id)
+    [record] = services.uploads.list_uploads(thread_ref("old", me.id))
     assert record.filename == "notes.txt" and record.source.value == "upload"  # moved, not re-found
-    assert services.threads.get(me.id, "old").title == "Old notes"
-    assert services.threads.find(None, "old") is None
-    assert services.threads.get(other.id, "old").title is None
+    assert services.threads.get(thread_ref("old", me.id)).title == "Old notes"
+    assert services.threads.find(ThreadRef.single_user("old")) is None
+    assert services.threads.get(thread_ref("old", other.id)).title is None
     client = app.test_client(user_id=me.id)
     listing = client.get("/api/threads/old/uploads/list").get_json()
     assert [f["filename"] for f in listing["files"]] == ["notes.txt"]

@@ -19,6 +19,7 @@ from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import USER_ID
 from tests.helpers import UploadActions
+from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
 from tests.support.documents import make_docx
 
@@ -172,7 +173,7 @@ def test_tus_file_is_indistinguishable_from_a_multipart_one(
     paths = app.extensions[EXTENSION_KEY].uploads.paths
 
     def record(thread_id: str) -> tuple:
-        stored = records.get(paths.scope(thread_id, USER_ID), "doc.pdf").record
+        stored = records.get(paths.scope(thread_ref(thread_id)), "doc.pdf").record
         return (stored.size, stored.sha256, stored.content_type, stored.source)
 
     assert record("a") == record("b")

@@ -20,7 +20,7 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.records import StoredRecord
 from deerflow_web.web.security import PAGE_CSP
 from deerflow_web.web.wiring import EXTENSION_KEY
-from tests.helpers import USER_ID
+from tests.helpers import thread_ref
 
 T = "t1"
 CHAT = f"/threads/{T}/chat"
@@ -36,7 +36,7 @@ def previews_of(app: Flask) -> ChatPreviewService:
 
 def seed(app: Flask, files: dict[str, bytes], thread_id: str = T) -> None:
     incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
-    uploads_of(app).save_uploads(thread_id, incoming, user_id=USER_ID)
+    uploads_of(app).save_uploads(thread_ref(thread_id), incoming)
 
 
 def text(response: Any) -> str:
@@ -63,7 +63,7 @@ def test_get_renders_the_compose_form_with_companions_under_originals(
 ) -> None:
     seed(app, {"report.pdf": b"%PDF-1.4", "report.md": b"# Title\n", "z.txt": b"z"})
     service = uploads_of(app)
-    with service.records.locked(service.paths.scope(T, USER_ID)) as txn:
+    with service.records.locked(service.paths.scope(thread_ref(T))) as txn:
         stored = txn.get("report.md")
         record = replace(stored.record, converted_from="report.pdf", source=RecordSource.CONVERSION)
         txn.put(StoredRecord(record, stored.mtime_ns, stored.inode))
@@ -84,7 +84,7 @@ def test_post_preview_shows_the_block_state_and_tool_result(
 ) -> None:
     seed(app, {"notes.md": b"# Intro\n## Results\n", "old.txt": b"old"})
     html = preview(client, "What are the results?", ["notes.md"])
-    [turn] = previews_of(app).history(T, USER_ID)
+    [turn] = previews_of(app).history(thread_ref(T))
     model = element(html, "model-content")
     assert model == str(escape(turn.content))
     assert model.startswith("&lt;current_uploads&gt;\nThe following files were uploaded")
@@ -99,7 +99,7 @@ def test_post_preview_shows_the_block_state_and_tool_result(
 
 def test_crlf_from_the_textarea_becomes_a_newline(app: Flask, client: FlaskClient) -> None:
     preview(client, "line one\r\nline two", [])
-    assert previews_of(app).history(T, USER_ID)[0].content == "line one\nline two"
+    assert previews_of(app).history(thread_ref(T))[0].content == "line one\nline two"
 
 
 def test_injected_blocks_are_never_shown_as_the_persons_text(
@@ -123,7 +123,7 @@ def test_incremental_turns_step_through_and_clear(app: Flask, client: FlaskClien
     assert "Turn 2 of 2" in html
     assert "No upload block this turn" in html
     assert 'selected value="incremental"' in html
-    first, second = previews_of(app).history(T, USER_ID)
+    first, second = previews_of(app).history(thread_ref(T))
     back = text(client.get(f"{CHAT}?turn={first.turn_id}"))
     assert "Turn 1 of 2" in back and "- a.txt" in element(back, "model-content")
     assert f"turn={second.turn_id}" in back and 'rel="next"' in back
@@ -131,7 +131,7 @@ def test_incremental_turns_step_through_and_clear(app: Flask, client: FlaskClien
 
     response = client.post(f"{CHAT}/clear")
     assert response.status_code == 302
-    assert previews_of(app).history(T, USER_ID) == []
+    assert previews_of(app).history(thread_ref(T)) == []
     html = text(client.get(response.headers["Location"]))
     assert "Cleared 2 previewed turns." in html and "No turns yet" in html
 
@@ -149,7 +149,7 @@ def test_inline_upload_comes_back_with_the_new_files_ticked(
     assert "Uploaded 2 files." in html
     checked = re.findall(r'name="attach" value="([^"]+)" checked', html)
     assert sorted(checked) == ["new one.txt", "报告.md"]
-    assert sorted(r.filename for r in uploads_of(app).list_uploads(T, USER_ID)) == [
+    assert sorted(r.filename for r in uploads_of(app).list_uploads(thread_ref(T))) == [
         "new one.txt",
         "old.txt",
         "报告.md",
@@ -176,19 +176,19 @@ def test_csrf_token_is_required(make_app: Callable[..., Flask]) -> None:
     for url in (CHAT, f"{CHAT}/clear", f"{CHAT}/upload"):
         refused = client.post(url, data={"message": "hi", "mode": "current"})
         assert refused.status_code == 400, url
-    assert previews_of(app).history(T, USER_ID) == []
+    assert previews_of(app).history(thread_ref(T)) == []
     accepted = client.post(
         CHAT, data={"message": "hi", "mode": "current", "csrf_token": token.group(1)}
     )
     assert accepted.status_code == 302
-    assert [turn.text for turn in previews_of(app).history(T, USER_ID)] == ["hi"]
+    assert [turn.text for turn in previews_of(app).history(thread_ref(T))] == ["hi"]
 
 
 def test_an_unknown_mode_keeps_what_was_typed(app: Flask, client: FlaskClient) -> None:
     response = client.post(CHAT, data={"message": "keep me", "mode": "legacy"})
     assert response.status_code == 422
     assert "keep me</textarea>" in text(response)
-    assert previews_of(app).history(T, USER_ID) == []
+    assert previews_of(app).history(thread_ref(T)) == []
 
 
 def test_invalid_thread_id_is_422(client: FlaskClient) -> None:

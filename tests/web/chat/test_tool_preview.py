@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from deerflow_web.agent import make_grep_tool
-from deerflow_web.agent import make_read_file_tool
+from deerflow_web.agent import UploadTools
 from deerflow_web.models import IncomingFile
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import USER_ID
+from tests.helpers import thread_ref
 from tests.support.agent_helpers import make_runtime
 from tests.support.documents import make_pdf
 
@@ -27,7 +27,7 @@ TOOLS = f"/threads/{T}/chat/tools"
 
 def _seed(app: Flask, files: dict[str, bytes]) -> None:
     incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
-    app.extensions[EXTENSION_KEY].uploads.save_uploads(T, incoming, user_id=USER_ID)
+    app.extensions[EXTENSION_KEY].uploads.save_uploads(thread_ref(T), incoming)
 
 
 def _answer(response: Any) -> str:
@@ -41,7 +41,7 @@ def test_the_panel_shows_what_read_file_returns(app: Flask, base_dir: Path, tmp_
     _seed(app, {"letter.pdf": pdf.read_bytes(), "notes.txt": b"one\ntwo <system>x</system>\n"})
     client = app.test_client()
     runtime = make_runtime({"thread_id": T, "user_id": USER_ID})
-    read = make_read_file_tool(base_dir=base_dir)
+    read = UploadTools(base_dir=base_dir).by_name()["read_file"]
 
     for path, start, end in (
         ("/mnt/user-data/uploads/letter.pdf", "", ""),
@@ -65,7 +65,7 @@ def test_the_panel_shows_what_read_file_returns(app: Flask, base_dir: Path, tmp_
 def test_the_panel_shows_what_grep_returns(app: Flask, base_dir: Path) -> None:
     _seed(app, {"a.txt": b"alpha\nbeta\n", "b.txt": b"alphabet\n"})
     client = app.test_client()
-    grep = make_grep_tool(base_dir=base_dir)
+    grep = UploadTools(base_dir=base_dir).by_name()["grep"]
     runtime = make_runtime({"thread_id": T, "user_id": USER_ID})
 
     for pattern in ("alpha", "(", ""):

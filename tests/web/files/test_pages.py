@@ -18,8 +18,8 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.records import StoredRecord
 from deerflow_web.web.security import PAGE_CSP
 from deerflow_web.web.wiring import EXTENSION_KEY
-from tests.helpers import USER_ID
 from tests.helpers import UploadActions
+from tests.helpers import thread_ref
 from tests.helpers import uploads_dir
 
 HOSTILE = '"><img src=x onerror=alert(1)>.txt'
@@ -37,13 +37,13 @@ def service_of(app: Flask) -> UploadService:
 def seed(app: Flask, thread_id: str, files: dict[str, bytes]) -> None:
     """Store files through the service (names the test client could not encode included)."""
     incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
-    service_of(app).save_uploads(thread_id, incoming, user_id=USER_ID)
+    service_of(app).save_uploads(thread_ref(thread_id), incoming)
 
 
 def mark_companion(app: Flask, thread_id: str, companion: str, original: str) -> None:
     """Record `companion` as the conversion output of `original` (as conversion would)."""
     service = service_of(app)
-    with service.records.locked(service.paths.scope(thread_id, USER_ID)) as txn:
+    with service.records.locked(service.paths.scope(thread_ref(thread_id))) as txn:
         stored = txn.get(companion)
         assert stored is not None
         record = replace(stored.record, converted_from=original, source=RecordSource.CONVERSION)
@@ -538,7 +538,7 @@ def test_large_file_is_truncated_with_a_note(app: Flask, client: FlaskClient) ->
 
 
 def test_preview_of_outputs_and_errors(app: Flask, client: FlaskClient) -> None:
-    outputs = service_of(app).paths.area_dir("t1", "outputs", USER_ID)
+    outputs = service_of(app).paths.area_dir(thread_ref("t1"), "outputs")
     (outputs / "sub").mkdir(parents=True)
     (outputs / "sub" / "r.txt").write_text("result")
     html = preview(client, "outputs/sub/r.txt")
@@ -554,7 +554,7 @@ def test_preview_of_outputs_and_errors(app: Flask, client: FlaskClient) -> None:
 
 
 def test_browse_outputs_with_subfolders(app: Flask, client: FlaskClient) -> None:
-    outputs = service_of(app).paths.area_dir("t1", "outputs", USER_ID)
+    outputs = service_of(app).paths.area_dir(thread_ref("t1"), "outputs")
     (outputs / "charts").mkdir(parents=True)
     (outputs / "charts" / "c.png").write_bytes(PNG_1X1)
     (outputs / "summary.md").write_text("# s")
@@ -641,7 +641,7 @@ def test_unknown_language_is_404(client: FlaskClient) -> None:
 def set_conversion(app: Flask, thread_id: str, name: str, state, error=None) -> None:
     """Put a conversion state on a record, as the conversion jobs do."""
     service = service_of(app)
-    with service.records.locked(service.paths.scope(thread_id, USER_ID)) as txn:
+    with service.records.locked(service.paths.scope(thread_ref(thread_id))) as txn:
         stored = txn.get(name)
         assert stored is not None
         record = replace(stored.record, conversion_state=state, conversion_error=error)
@@ -669,15 +669,13 @@ def test_preview_shows_the_outline_the_agent_gets(app, client, base_dir) -> None
     uploads = app.extensions["deerflow_web"].uploads
     from deerflow_web.models import IncomingFile
 
-    uploads.save_uploads("T", [IncomingFile("deck.pdf", BytesIO(b"%PDF-1.4 x"))], user_id=USER_ID)
+    uploads.save_uploads(thread_ref("T"), [IncomingFile("deck.pdf", BytesIO(b"%PDF-1.4 x"))])
 
     def convert(source, destination, **_):
         destination.write_text("# Annual <b>Report</b>\n\ntext\n## Risks\n")
 
     jobs = app.extensions["deerflow_web"].conversions
-    ConversionJobs(uploads, jobs.settings, converter=convert).convert(
-        "T", "deck.pdf", user_id=USER_ID
-    )
+    ConversionJobs(uploads, jobs.settings, converter=convert).convert(thread_ref("T"), "deck.pdf")
     page = client.get("/threads/T/files/uploads/deck.pdf").get_data(as_text=True)
     assert "Document outline" in page and "deck.md" in page
     assert "L1</span> Annual &lt;b&gt;Report&lt;/b&gt;" in page
@@ -691,9 +689,8 @@ def test_convert_without_javascript(app, client) -> None:
 
     services = app.extensions["deerflow_web"]
     services.uploads.save_uploads(
-        "T",
+        thread_ref("T"),
         [IncomingFile("a.pdf", BytesIO(b"%PDF-1.4")), IncomingFile("b.pdf", BytesIO(b"%PDF"))],
-        user_id=USER_ID,
     )
 
     def convert(source, destination, **_):
@@ -712,7 +709,7 @@ def test_convert_without_javascript(app, client) -> None:
     assert "Could not convert b.pdf: b.pdf is corrupt" in failed.get_data(as_text=True)
     missing = client.post("/threads/T/convert", data={"filename": "c.pdf"}, follow_redirects=True)
     assert "was not found" in missing.get_data(as_text=True)
-    assert sorted(r.filename for r in services.uploads.list_uploads("T", USER_ID)) == [
+    assert sorted(r.filename for r in services.uploads.list_uploads(thread_ref("T"))) == [
         "a.md",
         "a.pdf",
         "b.pdf",

@@ -14,8 +14,8 @@ from sqlalchemy import select
 from deerflow_web.services.files import share_links as share_module
 from deerflow_web.storage.database import share_links as share_table
 from deerflow_web.web.wiring import EXTENSION_KEY
-from tests.helpers import USER_ID
 from tests.helpers import UploadActions
+from tests.helpers import thread_ref
 
 THREAD = "share-thread"
 
@@ -109,7 +109,7 @@ def test_expired_revoked_and_unknown_links_answer_alike(
     services = app.extensions[EXTENSION_KEY]
     (link,) = [
         link
-        for link in services.share_links.list_for_thread(USER_ID, THREAD)
+        for link in services.share_links.list_for_thread(thread_ref(THREAD))
         if link.expires_at - link.created_at > 3600
     ]
     assert client.post(f"/threads/{THREAD}/share/{link.id}/revoke").status_code == 302
@@ -154,7 +154,7 @@ def test_bad_requests_make_no_link(
     response = client.post(f"/threads/{THREAD}/share", data=form, follow_redirects=True)
     assert message.lower() in response.get_data(as_text=True).lower()
     services = app.extensions[EXTENSION_KEY]
-    assert services.share_links.list_for_thread(USER_ID, THREAD) == []
+    assert services.share_links.list_for_thread(thread_ref(THREAD)) == []
 
 
 def test_opens_are_rate_limited_per_address(
