@@ -81,7 +81,8 @@ class LiveServer:
     def seed(self, thread_id: str, files: dict[str, bytes]) -> None:
         """Store files through the upload service (any name, even ones browsers re-encode),
         in a thread the signed-in user owns."""
-        self.app.extensions[EXTENSION_KEY].threads.create(self.user_id, thread_id)
+        ref = thread_ref(thread_id, self.user_id)
+        self.app.extensions[EXTENSION_KEY].threads.create(ref.user_id, thread_id)
         incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
         self.service.save_uploads(thread_ref(thread_id, self.user_id), incoming)
 
