@@ -570,3 +570,18 @@ class ResumableExpired(ResumableError):
 class ImageNotUsable(FileAccessError):
     """A file that cannot be shown to a vision model as a picture: not a raster image,
     an SVG (active content, never decoded), too many pixels to decode safely, or damaged."""
+
+
+class ShareLinkNotFound(DeerFlowError):
+    """No live link has that secret (unknown, expired and revoked answer alike)."""
+
+    def __init__(self) -> None:
+        super().__init__("Share link not found")
+
+
+class ShareLinkRateLimited(DeerFlowError):
+    """Too many requests to share links from one address; try again after `retry_after`."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("Too many requests. Try again later.")
+        self.retry_after = retry_after

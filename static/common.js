@@ -33,7 +33,8 @@ export function visible(text) {
  * the server may renew it).
  */
 export function csrfHeaders() {
-  var headers = { "X-CSRFToken": csrfToken };
+  // X-DeerFlow-Page: the answer's `detail` is read by a person, in the page's language.
+  var headers = { "X-CSRFToken": csrfToken, "X-DeerFlow-Page": "1" };
   var match = document.cookie.match(/(?:^|;\s*)csrf_token=([^;]*)/);
   if (match) {
     headers["X-CSRF-Token"] = decodeURIComponent(match[1]);

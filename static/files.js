@@ -86,6 +86,10 @@ function init() {
   function updateSelection() {
     var names = selectedNames();
     var button = document.getElementById("bulk-delete");
+    var zipButton = document.getElementById("bulk-zip");
+    if (zipButton) {
+      zipButton.disabled = names.length === 0;
+    }
     var count = document.getElementById("selection-count");
     var all = document.getElementById("select-all");
     if (button) {
@@ -149,6 +153,27 @@ function init() {
     });
   }
 
+  /* ---- Several files as one zip ------------------------------------------ */
+
+  /** Download the selection as one zip (a plain GET; the browser saves it). */
+  function downloadZip(url, names) {
+    if (!names.length) {
+      return;
+    }
+    var query = names
+      .map(function (name) {
+        return "filenames=" + encodeURIComponent(name);
+      })
+      .join("&");
+    var link = document.createElement("a");
+    link.href = url + "?" + query;
+    link.download = "";
+    link.hidden = true;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+  }
+
   /* ---- Rename ------------------------------------------------------------- */
 
   function openRename(name) {
@@ -157,6 +182,7 @@ function init() {
     dialog.querySelector('[data-role="current"]').textContent = visible(name);
     var input = dialog.querySelector('input[name="new_name"]');
     input.value = name;
+    dialog.querySelector('[data-role="error"]').hidden = true;
     dialog.showModal();
     var dot = name.lastIndexOf(".");
     input.focus();
@@ -335,6 +361,15 @@ function init() {
     } else if (action === "rename") {
       event.preventDefault();
       openRename(name);
+    } else if (action === "row-menu") {
+      event.preventDefault();
+      var row = target.closest("tr");
+      var open = !row.classList.contains("menu-open");
+      row.classList.toggle("menu-open", open);
+      target.setAttribute("aria-expanded", open ? "true" : "false");
+    } else if (action === "zip-selected") {
+      event.preventDefault();
+      downloadZip(target.getAttribute("data-url"), selectedNames());
     } else if (action === "convert") {
       event.preventDefault();
       convert(target);
@@ -362,7 +397,7 @@ function init() {
   });
 
   document.addEventListener("submit", function (event) {
-    if (event.target.id === "bulk-form") {
+    if (event.target.id === "bulk-form" && !(event.submitter && event.submitter.id === "share-create")) {
       event.preventDefault();
       deleteFiles(selectedNames());
     }
@@ -373,7 +408,152 @@ function init() {
     renameDialog.querySelector('[data-role="cancel"]').addEventListener("click", function () {
       renameDialog.close();
     });
+    renameDialog.querySelector("form").addEventListener("submit", function (event) {
+      event.preventDefault();
+      submitRename(renameDialog);
+    });
   }
+
+  /** Rename through the JSON API; a refusal (a taken name) is shown in the dialog, which
+   * stays open with what was typed, so the person can pick another name or choice. */
+  function submitRename(dialog) {
+    var form = dialog.querySelector("form");
+    var error = dialog.querySelector('[data-role="error"]');
+    var old = dialog.querySelector('[data-role="filename"]').value;
+    var newName = form.querySelector('input[name="new_name"]').value;
+    var choice = form.querySelector('select[name="on_conflict"]').value;
+    var url = root.getAttribute("data-rename-url").replace("__name__", encodeURIComponent(old));
+    error.hidden = true;
+    fetch(url, {
+      method: "POST",
+      headers: Object.assign(
+        { Accept: "application/json", "Content-Type": "application/json" },
+        csrfHeaders()
+      ),
+      credentials: "same-origin",
+      body: JSON.stringify({ new_name: newName, on_conflict: choice }),
+    })
+      .then(
+        function (response) {
+          return response
+            .json()
+            .catch(function () {
+              return null;
+            })
+            .then(function (body) {
+              if (response.status === 409) {
+                throw new Error(t("renameTaken", { name: newName }));
+              }
+              if (!response.ok) {
+                throw new Error(problemOf(response.status, body));
+              }
+              return body;
+            });
+        },
+        function () {
+          throw new Error(problemOf(0, null));
+        }
+      )
+      .then(function (body) {
+        dialog.close();
+        var renamed = body && body.file ? body.file.filename : newName;
+        return reloadList().then(function () {
+          announce(t("renamed", { old: visible(old), new: visible(renamed) }));
+        });
+      })
+      .catch(function (problem) {
+        error.textContent = problem.message;
+        error.hidden = false;
+        form.querySelector('input[name="new_name"]').focus();
+      });
+  }
+
+  /* ---- Keyboard shortcuts (never while typing in a field or with a dialog open) --- */
+
+  var cursor = null; // the row the arrows moved to (its file name)
+
+  function visibleRows() {
+    return Array.prototype.filter.call(root.querySelectorAll("tr.file-row"), function (row) {
+      return !row.closest("tbody").hidden;
+    });
+  }
+
+  function cursorRow() {
+    return cursor === null ? null : rowFor(cursor);
+  }
+
+  function moveCursor(step) {
+    var rows = visibleRows();
+    if (!rows.length) {
+      return;
+    }
+    var current = cursorRow();
+    var index = current ? rows.indexOf(current) : -1;
+    var next = rows[Math.max(0, Math.min(rows.length - 1, index === -1 ? 0 : index + step))];
+    rows.forEach(function (row) {
+      row.classList.remove("cursor");
+    });
+    next.classList.add("cursor");
+    cursor = next.getAttribute("data-filename");
+    var link = next.querySelector("a.file-name");
+    if (link) {
+      link.focus({ preventScroll: true });
+    }
+    next.scrollIntoView({ block: "nearest" });
+  }
+
+  function typing(target) {
+    if (!target || !target.closest) {
+      return false;
+    }
+    return Boolean(
+      target.closest("input, textarea, select, [contenteditable=''], [contenteditable='true']")
+    );
+  }
+
+  function dialogOpen() {
+    return document.querySelector("dialog[open]") !== null;
+  }
+
+  document.addEventListener("keydown", function (event) {
+    if (event.defaultPrevented || event.ctrlKey || event.metaKey || event.altKey) {
+      return;
+    }
+    if (typing(event.target) || dialogOpen()) {
+      return;
+    }
+    var key = event.key;
+    var row = cursorRow();
+    if (key === "/") {
+      var filter = document.getElementById("filter-name");
+      if (filter) {
+        event.preventDefault();
+        filter.focus();
+        filter.select();
+      }
+    } else if (key === "ArrowDown" || key === "ArrowUp") {
+      event.preventDefault();
+      moveCursor(key === "ArrowDown" ? 1 : -1);
+    } else if (key === "Enter" && row) {
+      event.preventDefault();
+      window.location.href = row.querySelector("a.file-name").href;
+    } else if (key === "Delete" && (row || selectedNames().length)) {
+      event.preventDefault();
+      deleteFiles(selectedNames().length ? selectedNames() : [cursor]);
+    } else if (key === "F2" && row) {
+      event.preventDefault();
+      openRename(cursor);
+    } else if (key === "?") {
+      var help = document.getElementById("shortcuts-dialog");
+      if (help) {
+        event.preventDefault();
+        help.showModal();
+      }
+    } else if (key === "Escape" && row) {
+      row.classList.remove("cursor");
+      cursor = null;
+    }
+  });
 
   revealScriptOnly(document);
   applyFilter();

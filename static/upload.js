@@ -190,8 +190,47 @@ function init() {
     check();
   }
 
+  /* ---- Start at once, or let the person review first (remembered) ------------- */
+
+  var REVIEW_KEY = "deerflow-web.review-uploads";
+  var reviewBox = document.getElementById("review-first");
+
+  function reviewFirst() {
+    return reviewBox !== null && reviewBox.checked;
+  }
+
+  if (reviewBox) {
+    try {
+      reviewBox.checked = window.localStorage.getItem(REVIEW_KEY) === "yes";
+    } catch (error) {
+      /* storage refused: the default (upload at once) holds */
+    }
+    reviewBox.addEventListener("change", function () {
+      try {
+        window.localStorage.setItem(REVIEW_KEY, reviewBox.checked ? "yes" : "no");
+      } catch (error) {
+        /* not remembered, still applied */
+      }
+      uploadButton.hidden = !reviewBox.checked && !pending.length;
+    });
+    uploadButton.hidden = !reviewBox.checked;
+  }
+
+  /** Files chosen, dropped or pasted: listed, then sent unless the person asked to review. */
+  function picked(fileList) {
+    if (busy) {
+      return;
+    }
+    addFiles(fileList);
+    if (reviewFirst()) {
+      uploadButton.hidden = false;
+      return;
+    }
+    start();
+  }
+
   input.addEventListener("change", function () {
-    addFiles(input.files);
+    picked(input.files);
     input.value = ""; // the files are kept in `pending`; the same file can be chosen again
   });
 
@@ -201,30 +240,69 @@ function init() {
     render();
   });
 
-  ["dragenter", "dragover"].forEach(function (type) {
-    zone.addEventListener(type, function (event) {
-      event.preventDefault();
-      zone.classList.add("dragover");
-    });
-  });
-  ["dragleave", "drop"].forEach(function (type) {
-    zone.addEventListener(type, function () {
-      zone.classList.remove("dragover");
-    });
-  });
-  zone.addEventListener("drop", function (event) {
+  /* ---- Dropping anywhere on the page, pasting --------------------------------- */
+
+  function carriesFiles(event) {
+    var types = event.dataTransfer ? Array.prototype.slice.call(event.dataTransfer.types) : [];
+    return types.indexOf("Files") !== -1;
+  }
+
+  // The whole page takes a drop (not only the zone): the zone lights up while files hover
+  // anywhere, and a file let go beside it is taken, never opened by the browser instead.
+  var dragDepth = 0;
+  document.addEventListener("dragenter", function (event) {
+    if (!carriesFiles(event)) {
+      return;
+    }
     event.preventDefault();
-    if (event.dataTransfer && event.dataTransfer.files.length) {
-      addFiles(event.dataTransfer.files);
+    dragDepth += 1;
+    zone.classList.add("dragover");
+    document.body.classList.add("dragging-files");
+  });
+  document.addEventListener("dragover", function (event) {
+    if (carriesFiles(event)) {
+      event.preventDefault();
+      event.dataTransfer.dropEffect = busy ? "none" : "copy";
     }
   });
-  // A file dropped beside the zone must not make the browser leave the page to open it.
-  ["dragover", "drop"].forEach(function (type) {
-    document.addEventListener(type, function (event) {
-      if (!zone.contains(event.target)) {
-        event.preventDefault();
-      }
-    });
+  document.addEventListener("dragleave", function (event) {
+    if (!carriesFiles(event)) {
+      return;
+    }
+    dragDepth = Math.max(0, dragDepth - 1);
+    if (dragDepth === 0) {
+      zone.classList.remove("dragover");
+      document.body.classList.remove("dragging-files");
+    }
+  });
+  document.addEventListener("drop", function (event) {
+    dragDepth = 0;
+    zone.classList.remove("dragover");
+    document.body.classList.remove("dragging-files");
+    if (!event.dataTransfer || !event.dataTransfer.files.length) {
+      return;
+    }
+    event.preventDefault();
+    picked(event.dataTransfer.files);
+  });
+
+  /** A pasted screenshot arrives as `image.png`: give it a name that says when it came. */
+  function pastedName(file) {
+    if (!/^image\.[a-z0-9]+$/i.test(file.name)) {
+      return file;
+    }
+    var stamp = new Date().toISOString().slice(0, 19).replace(/[-:]/g, "").replace("T", "-");
+    var extension = file.name.slice(file.name.lastIndexOf("."));
+    return new File([file], "pasted-" + stamp + extension, { type: file.type });
+  }
+
+  document.addEventListener("paste", function (event) {
+    var data = event.clipboardData;
+    if (!data || !data.files || !data.files.length) {
+      return; // text pastes into fields as usual
+    }
+    event.preventDefault();
+    picked(Array.prototype.map.call(data.files, pastedName));
   });
 
   /* ---- Name conflicts --------------------------------------------------------- */
@@ -399,6 +477,7 @@ function init() {
       return;
     }
     if (!check()) {
+      uploadButton.hidden = false; // once the problems are removed, send the rest
       problemsBox.focus();
       return; // explained above; nothing is sent
     }
@@ -414,6 +493,7 @@ function init() {
       .then(function (choices) {
         if (choices === null) {
           setBusy(false);
+          uploadButton.hidden = false; // kept in the list: send them once decided
           return null;
         }
         var replaceBatch = [];
@@ -522,6 +602,9 @@ function init() {
 
   function finish(message, keepQueue) {
     setBusy(false);
+    if (reviewBox && !reviewFirst()) {
+      uploadButton.hidden = !keepQueue; // a failed batch can be sent again
+    }
     if (!keepQueue) {
       pending = [];
       render();

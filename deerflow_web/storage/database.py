@@ -259,6 +259,35 @@ resumable_uploads = Table(
     Index("ix_resumable_uploads_user", "user_id"),
 )
 
+share_links = Table(
+    "share_links",
+    metadata,
+    # A link that hands a thread's file (or several) to someone without an account. Only
+    # the SHA-256 of the link's secret is kept: the database alone opens nothing.
+    Column("id", String(32), primary_key=True),  # names the link on its owner's pages
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("user_id", String(36), nullable=False),  # "" in the single-user layout
+    Column("thread_id", String(64), nullable=False),
+    Column("paths", Text, nullable=False),  # a JSON list of user-data paths
+    Column("password_hash", String(255)),  # argon2id, or NULL for no password
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("revoked_at", Float),
+    Index("ix_share_links_thread", "user_id", "thread_id"),
+)
+
+share_link_hits = Table(
+    "share_link_hits",
+    metadata,
+    # Recent opens of share links (kind "open") and wrong passwords (kind "password"), per
+    # address: the rate limit holds across every worker and machine, as login lockouts do.
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),
+    Column("subject", String(320), nullable=False),
+    Column("at", Float, nullable=False),
+    Index("ix_share_link_hits_subject", "kind", "subject", "at"),
+)
+
 
 class DatabaseUnavailable(Exception):
     """The database cannot be reached right now; the request may be retried later."""

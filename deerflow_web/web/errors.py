@@ -61,6 +61,8 @@ from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import ScannerUnavailable
 from deerflow_web.errors import SelfDisable
 from deerflow_web.errors import SelfReset
+from deerflow_web.errors import ShareLinkNotFound
+from deerflow_web.errors import ShareLinkRateLimited
 from deerflow_web.errors import StorageFailure
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import TokenNotFound
@@ -143,6 +145,8 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     PermissionDenied: 403,
     TokenNotFound: 404,
     LockedOut: 429,
+    ShareLinkNotFound: 404,  # unknown, expired and revoked alike
+    ShareLinkRateLimited: 429,
     # artifact edits (SPEC 2.6)
     ArtifactNotEditable: 400,
     ArtifactChanged: 412,
@@ -234,8 +238,12 @@ def register_error_handlers(app: Flask) -> None:
         if isinstance(error, AuthError) and _wants_json():
             return {"detail": {"code": error.code, "message": str(error)}}, status
         headers = []
-        if isinstance(error, ConversionQueueFull | LockedOut | ScannerUnavailable):
+        if isinstance(
+            error, ConversionQueueFull | LockedOut | ScannerUnavailable | ShareLinkRateLimited
+        ):
             headers.append(("Retry-After", str(error.retry_after)))
+        if not _wants_json() or request.headers.get(PAGE_SCRIPT_HEADER):
+            return render_error(status, _for_a_person(error), headers)
         return render_error(status, str(error), headers)
 
     @app.errorhandler(HTTPException)  # routing 404/405, 413 from the server, CSRF, 416
@@ -247,6 +255,8 @@ def register_error_handlers(app: Flask) -> None:
             HTTP_STATUS_CODES.get(status, "Error") if status in (404, 405) else error.description
         )
         headers = [(k, v) for k, v in error.get_headers() if k.lower() != "content-type"]
+        if not _wants_json():
+            message = _http_sentence(status, error) or message
         return render_error(status, message, headers)
 
     @app.errorhandler(Exception)
@@ -265,6 +275,38 @@ def register_error_handlers(app: Flask) -> None:
             )
         logger.exception("unhandled error")
         return render_error(500, "Internal server error")
+
+
+# Sent by our pages' own scripts (static/common.js): the `detail` they get is shown to a
+# person, so it comes as a sentence in the page's language. Other clients (DeerFlow's) keep
+# the API's own English text.
+PAGE_SCRIPT_HEADER = "X-DeerFlow-Page"
+
+
+def _http_sentence(status: int, error: HTTPException) -> str | None:
+    """What a page says for an HTTP error of the framework, in the reader's language."""
+    from flask_babel import gettext as _
+
+    if status == 400 and "CSRF" in (error.description or ""):
+        return _("This form has expired. Go back, reload the page and try again.")
+    sentences = {
+        404: lambda: _("This page or file does not exist."),
+        405: lambda: _("This address does not accept that kind of request."),
+        413: lambda: _("This is more than the server accepts in one request."),
+        429: lambda: _("Too many requests. Wait a moment and try again."),
+    }
+    sentence = sentences.get(status)
+    return sentence() if sentence else None
+
+
+def _for_a_person(error: DeerFlowError) -> str:
+    from deerflow_web.web.messages import describe_error
+    from deerflow_web.web.wiring import get_upload_service
+
+    try:
+        return describe_error(error, get_upload_service().limits)
+    except Exception:  # noqa: BLE001 - an error page must never fail on its own words
+        return str(error)
 
 
 def _wants_json() -> bool:

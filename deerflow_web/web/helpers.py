@@ -17,8 +17,10 @@ from deerflow_web.models import ACTIVE_CONVERSION_STATES
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import ConversionState
+from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.kinds import FileKind
 from deerflow_web.services.files.sizes import human_size
+from deerflow_web.services.files.thumbnails import wants_thumbnail
 from deerflow_web.services.prompt.untrusted import escape_controls
 
 KIND_LABELS = {
@@ -72,6 +74,16 @@ def convert_href(thread_id: str, filename: str) -> str:
     return url_for("api.convert_upload", thread_id=thread_id, filename=filename)
 
 
+def thumbnail_href(thread_id: str, record: UploadRecord) -> str | None:
+    """The thumbnail of an upload that can have one (raster images, never SVG), keyed by
+    its content so a replaced picture is fetched anew."""
+    if not wants_thumbnail(record.filename, record.size):
+        return None
+    return url_for(
+        "downloads.thumbnail", thread_id=thread_id, filename=record.filename, v=record.sha256[:16]
+    )
+
+
 def timestamp(value: float | None, style: str = "short") -> str:
     """A POSIX time in the reader's locale (UTC unless a time zone is configured)."""
     if not value:
@@ -94,7 +106,7 @@ def visible(value: object) -> str:
 
 def register(app: Flask) -> None:
     """Make the helpers available to every template of the app (called by `create_app`)."""
-    for function in (artifact_href, preview_href, convert_href):
+    for function in (artifact_href, preview_href, convert_href, thumbnail_href):
         app.add_template_global(function)
     app.add_template_global(KIND_LABELS, "kind_labels")
     app.add_template_global(AREA_LABELS, "area_labels")

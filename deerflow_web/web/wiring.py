@@ -16,6 +16,8 @@ from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.archives.extract import ArchiveExtractor
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.conversion.runner import sweep_stale_work_folders
+from deerflow_web.services.files.share_links import ShareLinks
+from deerflow_web.services.files.thumbnails import Thumbnails
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.tool_preview import ToolPreviewService
@@ -86,6 +88,8 @@ class Services:
         )
         # Each user's threads (SPEC 7.4, DeerFlow's /api/threads), in both modes.
         self.threads = ThreadCatalog(self.uploads, self.chat_previews)
+        self.share_links = ShareLinks(self.engine)
+        self.thumbnails = Thumbnails(settings.base_dir)
         self._accounts: AccountService | None = None
 
     @property

@@ -82,7 +82,8 @@ class LiveServer:
     def seed(self, thread_id: str, files: dict[str, bytes]) -> None:
         """Store files through the upload service (any name, even ones browsers re-encode),
         in a thread the signed-in user owns."""
-        self.app.extensions[EXTENSION_KEY].threads.create(self.user_id, thread_id)
+        ref = thread_ref(thread_id, self.user_id)
+        self.app.extensions[EXTENSION_KEY].threads.create(ref.user_id, thread_id)
         incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
         self.service.save_uploads(thread_ref(thread_id, self.user_id), incoming)
 
@@ -127,6 +128,12 @@ class Watched:
         SCREENSHOTS.append((name, path))
         print(f"screenshot {name}: {path}")
         return path
+
+
+def review_before_upload(page: Page) -> None:
+    """Tick "review first": chosen files wait in the list for the Upload button, as the
+    tests that look at the list before sending (limits, conflicts, progress) need."""
+    page.check("#review-first")
 
 
 def gradient_png(width: int = 96, height: int = 64) -> bytes:
@@ -190,3 +197,39 @@ def open_thread(watched: Watched, live: LiveServer, thread_id: str = THREAD) -> 
     """Open a thread's file manager and wait until its drop zone is ready."""
     watched.page.goto(f"{live.url}/threads/{thread_id}")
     expect(watched.page.locator("#drop-zone .drop-hint")).to_be_visible()
+    review_before_upload(watched.page)
+
+
+def axe_script() -> str:
+    """axe-core as shipped by the `axe-playwright-python` test dependency (no download)."""
+    import axe_playwright_python
+
+    return (Path(axe_playwright_python.__file__).parent / "axe.min.js").read_text("utf-8")
+
+
+def axe_violations(
+    page: Page, impacts: tuple[str, ...] = ("critical", "serious"), exclude: tuple[str, ...] = ()
+) -> list[str]:
+    """Run axe-core in the page as it is now; the violations of those impacts, described.
+    `exclude`: selectors of third-party markup left out (the vendored Swagger UI)."""
+    if not page.evaluate("() => typeof window.axe !== 'undefined'"):
+        # Evaluated through the driver, so the page's CSP (script-src 'self') does not apply.
+        page.evaluate(axe_script() + "\n;undefined")
+    # A theme switched a moment ago may still be fading: judge the colours it ends with.
+    page.evaluate("() => document.getAnimations().forEach(animation => animation.finish())")
+    result = page.evaluate(
+        "async (exclude) => await window.axe.run(exclude.length ? {exclude} : document)",
+        [[selector] for selector in exclude],
+    )
+    found = []
+    for violation in result["violations"]:
+        if violation["impact"] in impacts:
+            targets = [", ".join(node["target"]) for node in violation["nodes"]][:5]
+            found.append(f"{violation['impact']} {violation['id']}: {targets}")
+    return found
+
+
+def assert_accessible(page: Page, exclude: tuple[str, ...] = ()) -> None:
+    """axe-core finds no critical or serious violation on the page as it is now."""
+    found = axe_violations(page, exclude=exclude)
+    assert not found, f"axe on {page.url}: {found}"

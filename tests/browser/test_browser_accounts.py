@@ -15,6 +15,7 @@ from tests.browser.helpers import RECORD_PROGRESS
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.browser.helpers import intermediate_progress
+from tests.browser.helpers import review_before_upload
 from tests.browser.helpers import throttle_uploads
 from tests.helpers import needs_auth
 
@@ -69,6 +70,7 @@ def test_setup_sign_in_upload_token_sign_out(
     )
     page.page.goto(f"{live.url}/threads/{THREAD}")
     expect(page.page.locator("#drop-zone .drop-hint")).to_be_visible()
+    review_before_upload(page.page)
     throttle_uploads(page)
     page.page.set_input_files(
         "#file-input", [{"name": "plan.txt", "mimeType": "text/plain", "buffer": b"p" * 400_000}]
@@ -133,8 +135,7 @@ def test_a_second_user_sees_only_their_own_thread_of_the_same_id(
     admin.page.goto(f"{live.url}/threads/{THREAD}")
     admin.page.set_input_files(
         "#file-input", [{"name": "private.txt", "mimeType": "text/plain", "buffer": b"mine"}]
-    )
-    admin.page.click("#upload-button")
+    )  # uploaded as soon as chosen
     expect(admin.page.locator("tr.file-row")).to_have_count(1)
 
     admin.page.goto(f"{live.url}/admin")
@@ -156,5 +157,7 @@ def test_a_second_user_sees_only_their_own_thread_of_the_same_id(
     assert "private.txt" not in second.page.content()
     response = second.page.goto(f"{live.url}/threads/{THREAD}/files/uploads/private.txt")
     assert response is not None and response.status == 404
-    expect(second.page.locator(".error-message")).to_have_text(f"Thread {THREAD} not found")
+    expect(second.page.locator(".error-message")).to_have_text(
+        "That thread does not exist, or it is not yours."
+    )
     second.shoot("accounts-other-users-thread")

@@ -22,6 +22,7 @@ from tests.browser.helpers import BrowserAccount
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.browser.helpers import create_account
+from tests.browser.helpers import review_before_upload
 from tests.browser.helpers import sign_in
 from tests.browser.helpers import skip_unless_accounts_can_run
 from tests.helpers import thread_ref
@@ -79,6 +80,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = 60) -> None:
 def choose_and_send(watched: Watched, url: str, path: Path) -> None:
     watched.page.goto(f"{url}/threads/{THREAD}")
     expect(watched.page.locator("#drop-zone .drop-hint")).to_be_visible()
+    review_before_upload(watched.page)
     watched.page.set_input_files("#file-input", str(path))
     expect(watched.page.locator("#upload-queue .upload-item.resumable")).to_have_count(1)
     watched.page.click("#upload-button")

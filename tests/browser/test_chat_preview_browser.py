@@ -34,7 +34,7 @@ def test_compose_attach_preview_and_step_through_turns(
     expect(page.page.locator(".flash-success")).to_contain_text("Uploaded 1 file.")
     expect(page.page.get_by_role("checkbox", name="fresh<system-reminder>.txt")).to_be_checked()
 
-    page.page.get_by_role("textbox", name="Message").fill("What changed in revenue?")
+    page.page.get_by_role("combobox", name="Message").fill("What changed in revenue?")
     page.page.get_by_role("checkbox", name="notes.md").check()
     page.page.get_by_role("button", name="Preview").click()
 
@@ -54,7 +54,7 @@ def test_compose_attach_preview_and_step_through_turns(
 
     # A second turn in the incremental mode, then step back to the first.
     page.page.get_by_label("Injection mode").select_option("incremental")
-    page.page.get_by_role("textbox", name="Message").fill("And the rest?")
+    page.page.get_by_role("combobox", name="Message").fill("And the rest?")
     page.page.get_by_role("button", name="Preview").click()
     expect(page.page.locator("#result-heading")).to_contain_text("Turn 2 of 2")
     expect(model).to_contain_text("The following files were added")

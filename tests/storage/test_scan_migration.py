@@ -18,7 +18,7 @@ def test_upgrade_from_0006_keeps_records_unscanned_and_downgrade_drops_the_colum
     engine = create_engine(database_url)
     try:
         with engine.begin() as db:
-            command.upgrade(_config(db), "0008")
+            command.upgrade(_config(db), "0007")
             db.execute(
                 text(
                     "INSERT INTO uploads (scope, filename, size, sha256, content_type, "

@@ -30,6 +30,11 @@ PUBLIC_IN_BOTH_MODES = {
     "pages.set_language",
     "api_docs.openapi_json",
     "api_docs.api_docs",
+    # share links open without an account (web/files/share.py)
+    "share.open_link",
+    "share.unlock_link",
+    "share.link_file",
+    "share.link_zip",
 }
 
 

@@ -305,7 +305,7 @@ class TestTwoUsersOneThreadId:
             if url.startswith("/api/"):
                 assert response.get_json() == {"detail": "Thread fresh not found"}, (method, url)
             else:
-                assert "Thread fresh not found" in body and "<html" in body, (method, url)
+                assert "That thread does not exist" in body and "<html" in body, (method, url)
         for method, url, endpoint in thread_routes(app, "fresh"):  # meant, in vain
             if endpoint not in MAY_BE_NEW:
                 response = send(bob, method, url, **writing_request(method, endpoint))

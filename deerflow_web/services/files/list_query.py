@@ -27,6 +27,7 @@ class ListQuery:
     sort: SortKey = SortKey.NAME
     order: str = "asc"
     page: int = 1
+    view: str = "list"  # or "grid": thumbnails in cards
 
     @classmethod
     def from_args(cls, args: Mapping[str, str]) -> ListQuery:
@@ -37,7 +38,33 @@ class ListQuery:
             sort=SortKey.parse(args.get("sort")),
             order="desc" if args.get("order") == "desc" else "asc",
             page=_page_number(args.get("page")),
+            view="grid" if args.get("view") == "grid" else "list",
         )
+
+    @classmethod
+    def from_request(cls, args: Mapping[str, str], remembered: str | None) -> ListQuery:
+        """Parse the query string; the sort, order and view it leaves out come from what the
+        person chose last (`remembered()`'s text, from a cookie), so a reload keeps them."""
+        merged = dict(args)
+        if remembered and not any(key in args for key in REMEMBERED):
+            for key, value in zip(
+                REMEMBERED, remembered.split(".")[: len(REMEMBERED)], strict=False
+            ):
+                merged[key] = value
+        return cls.from_args(merged)
+
+    def remembered(self) -> str:
+        """The choices kept across visits: sort, order and view."""
+        return ".".join((self.sort.value, self.order, self.view))
+
+    def choice_args(self) -> dict[str, str]:
+        """`as_args` plus the sort, order and view even when they are the defaults: what a
+        sort or view link carries, so choosing the default again is remembered too."""
+        return {**self.as_args(), "sort": self.sort.value, "order": self.order, "view": self.view}
+
+    def with_view(self, view: str) -> ListQuery:
+        """The same list shown as a list or as a grid."""
+        return replace(self, view=view)
 
     @property
     def descending(self) -> bool:
@@ -65,6 +92,7 @@ class ListQuery:
 
 
 _PARAMS = {"kind": "type"}
+REMEMBERED = ("sort", "order", "view")
 
 
 def _page_number(raw: str | None) -> int:

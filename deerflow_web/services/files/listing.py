@@ -9,6 +9,7 @@ person can spot a re-upload at a glance.
 from __future__ import annotations
 
 import enum
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -123,15 +124,30 @@ class FileListing:
 
 _KIND_ORDER = {kind: index for index, kind in enumerate(FileKind)}
 
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str, str], ...]:
+    """A name as people order it: digit runs by their value, so `bulk-2` comes before
+    `bulk-10`, letters without regard to case (the exact spelling breaks ties)."""
+    parts = []
+    for index, part in enumerate(_DIGITS.split(name.casefold())):
+        if index % 2:
+            parts.append((0, int(part), part))  # "07" and "7": equal value, stable order
+        elif part:
+            parts.append((1, part, ""))
+    return (*parts, (2, name, ""))
+
+
 _SORT_KEYS: dict[SortKey, Callable[[FileRow], Any]] = {
-    SortKey.NAME: lambda row: (row.filename.casefold(), row.filename),
-    SortKey.SIZE: lambda row: (row.record.size, row.filename.casefold()),
+    SortKey.NAME: lambda row: natural_key(row.filename),
+    SortKey.SIZE: lambda row: (row.record.size, natural_key(row.filename)),
     SortKey.TYPE: lambda row: (
         _KIND_ORDER[row.kind],
         row.record.extension.lower(),
-        row.filename.casefold(),
+        natural_key(row.filename),
     ),
-    SortKey.UPLOADED: lambda row: (row.record.uploaded_at, row.filename.casefold()),
+    SortKey.UPLOADED: lambda row: (row.record.uploaded_at, natural_key(row.filename)),
 }
 
 

@@ -7,17 +7,20 @@ Views unwrap the request, call a service and render; the rules live in the servi
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 from flask import Blueprint
 from flask import abort
 from flask import flash
+from flask import make_response
 from flask import redirect
 from flask import render_template
 from flask import request
 from flask import url_for
 from flask.typing import ResponseReturnValue
 from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 from flask_babel import ngettext
 from markupsafe import Markup
 
@@ -32,6 +35,7 @@ from deerflow_web.services.files.artifact_edit import open_for_edit
 from deerflow_web.services.files.artifacts import Presentation
 from deerflow_web.services.files.browse import BROWSABLE_AREAS
 from deerflow_web.services.files.browse import list_area
+from deerflow_web.services.files.list_query import REMEMBERED
 from deerflow_web.services.files.list_query import ListQuery
 from deerflow_web.services.files.listing import SortKey
 from deerflow_web.services.files.listing import build_listing
@@ -69,7 +73,18 @@ from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("pages", __name__)
 
+# What the share box offers (hours, label); the service takes any whole hour up to 30 days.
+SHARE_LIFETIMES = (
+    (1, _l("1 hour")),
+    (8, _l("8 hours")),
+    (24, _l("1 day")),
+    (72, _l("3 days")),
+    (168, _l("7 days")),
+    (720, _l("30 days")),
+)
+
 LANG_COOKIE_AGE = 365 * 24 * 3600
+LIST_VIEW_COOKIE = "files-view"  # the list's sort, order and view, kept across visits
 
 
 def _back_to_thread(thread_id: str) -> ResponseReturnValue:
@@ -149,6 +164,7 @@ def delete_thread() -> ResponseReturnValue:
     if not form.validate_on_submit() or form.confirmed.data != "yes":
         return redirect(url_for("pages.confirm_delete_thread", thread_id=thread_id))
     get_services().threads.delete(thread)
+    get_services().share_links.forget_thread(thread.ref)
     flash(_("Deleted thread %(id)s and all its files.", id=thread_id), "success")
     return redirect(url_for("pages.index"))
 
@@ -167,12 +183,12 @@ def open_thread() -> ResponseReturnValue:
 
 @bp.get("/threads/<thread_id>")
 @thread_may_be_new
-def thread_files() -> str:
+def thread_files() -> ResponseReturnValue:
     """The file manager: upload form, the uploads list and the area tabs."""
     thread = current_thread()
     thread_id = thread.thread_id
     service = get_upload_service()
-    query = ListQuery.from_args(request.args)
+    query = ListQuery.from_request(request.args, request.cookies.get(LIST_VIEW_COOKIE))
     records = service.list_uploads(thread)
     listing = build_listing(
         records,
@@ -182,7 +198,7 @@ def thread_files() -> str:
         descending=query.descending,
         page=query.page,
     )
-    return render_template(
+    page = render_template(
         "pages/thread_files.html",
         thread_id=thread_id,
         thread=get_services().threads.find(thread),
@@ -197,7 +213,16 @@ def thread_files() -> str:
         delete_form=DeleteForm(),
         rename_form=RenameForm(),
         quarantined=quarantined_in(get_services().scan_events, thread.scope),
+        share_links=get_services().share_links.list_for_thread(thread.ref),
+        share_lifetimes=SHARE_LIFETIMES,
+        now=time.time(),
     )
+    response = make_response(page)
+    if any(key in request.args for key in REMEMBERED):  # a choice made now: keep it
+        response.set_cookie(
+            LIST_VIEW_COOKIE, query.remembered(), max_age=LANG_COOKIE_AGE, samesite="Lax"
+        )
+    return response
 
 
 @bp.post("/threads/<thread_id>/upload")
@@ -431,12 +456,16 @@ def preview_file(path: str) -> str:
     preview = build_preview(artifact, user_data_path=path, image_url=partial(_image_url, thread))
     area, _sep, rest = path.partition("/")
     record, outline_source, outline = None, None, []
+    neighbours: tuple[str | None, str | None] = (None, None)
+    companion = None
     if area == Area.UPLOADS and "/" not in rest:
         records = service.list_uploads(thread)
         record = next((r for r in records if r.filename == rest), None)
         if record is not None:
             folder = thread.uploads_dir()
             outline_source, outline = upload_outline(folder, record, records)
+            neighbours = _neighbours(records, record.filename)
+            companion = next((r for r in records if r.converted_from == record.filename), None)
     return render_template(
         "pages/preview.html",
         thread_id=thread_id,
@@ -454,6 +483,26 @@ def preview_file(path: str) -> str:
         preview_limit=PREVIEW_BYTES,
         render_limit=MAX_RENDER_BYTES,
         editor=open_for_edit(thread, artifact_virtual) if area == Area.OUTPUTS else None,
+        previous_name=neighbours[0],
+        next_name=neighbours[1],
+        companion=companion,
+        convert_form=ConvertForm(formdata=None),
+        share_lifetimes=SHARE_LIFETIMES,
+    )
+
+
+def _neighbours(records: list, name: str) -> tuple[str | None, str | None]:
+    """The files before and after `name` in the list as the person last sorted it (the
+    remembered sort; filters are left out: the preview shows one file, not a search)."""
+    query = ListQuery.from_request({}, request.cookies.get(LIST_VIEW_COOKIE))
+    listing = build_listing(records, sort=query.sort, descending=query.descending)
+    names = [row.filename for group in listing.groups for row in group.rows()]
+    if name not in names:
+        return None, None
+    index = names.index(name)
+    return (
+        names[index - 1] if index > 0 else None,
+        names[index + 1] if index + 1 < len(names) else None,
     )
 
 
