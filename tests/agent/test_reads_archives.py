@@ -28,12 +28,12 @@ from deerflow_web.services.archives.extract import ArchiveExtractor
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ArchiveLimits
-from tests.agent.test_reads_documents import DecidingModel
-from tests.agent.test_reads_documents import _agent
-from tests.agent.test_reads_documents import _call
-from tests.agent.test_reads_documents import _replies
-from tests.agent.test_reads_documents import _tools
+from tests.support.agent_helpers import RecordingToolModel
+from tests.support.agent_helpers import documents_agent
 from tests.support.agent_helpers import human_with_files
+from tests.support.agent_helpers import replies_from
+from tests.support.agent_helpers import tool_call
+from tests.support.agent_helpers import tool_messages
 from tests.support.documents import make_docx
 
 UPLOADS = "/mnt/user-data/uploads"
@@ -79,29 +79,29 @@ def test_the_agent_reads_and_searches_zip_members_then_their_extraction(
         return AIMessage(
             "",
             tool_calls=[
-                _call("read_file", "e1", path=f"{WORKSPACE}/reports/q3/summary.docx"),
-                _call("grep", "e2", pattern=DOCX_WORD, path=WORKSPACE),
+                tool_call("read_file", "e1", path=f"{WORKSPACE}/reports/q3/summary.docx"),
+                tool_call("grep", "e2", pattern=DOCX_WORD, path=WORKSPACE),
             ],
         )
 
-    model = DecidingModel(messages=iter(()))
-    model.messages = _replies(
+    model = RecordingToolModel(messages=iter(()))
+    model.messages = replies_from(
         model,
         [
             lambda _: AIMessage(
                 "",
                 tool_calls=[
-                    _call("read_file", "r1", path=f"{UPLOADS}/reports.zip/q3/summary.docx"),
-                    _call("grep", "g1", pattern=DOCX_WORD),
-                    _call("glob", "l1", pattern="**/*.png", path=UPLOADS),
-                    _call("read_file", "r2", path=f"{UPLOADS}/reports.zip/q3/scan.png"),
+                    tool_call("read_file", "r1", path=f"{UPLOADS}/reports.zip/q3/summary.docx"),
+                    tool_call("grep", "g1", pattern=DOCX_WORD),
+                    tool_call("glob", "l1", pattern="**/*.png", path=UPLOADS),
+                    tool_call("read_file", "r2", path=f"{UPLOADS}/reports.zip/q3/scan.png"),
                 ],
             ),
             after_extraction,
             lambda _: AIMessage("done"),
         ],
     )
-    agent = _agent(base_dir, service, model)
+    agent = documents_agent(base_dir, service, model)
     agent.invoke(
         {
             "messages": [
@@ -117,7 +117,7 @@ def test_the_agent_reads_and_searches_zip_members_then_their_extraction(
     human = next(m for m in model.received[0] if isinstance(m, HumanMessage))
     assert f"  Path: {UPLOADS}/reports.zip\n  Archive of 2 file(s)" in human.text
 
-    first = _tools(model.received[1])
+    first = tool_messages(model.received[1])
     read = first["r1"].content
     assert read.startswith(f"[{UPLOADS}/reports.zip/q3/summary.docx as Markdown text, lines 1-")
     assert "# Q3 Summary" in read and f"The {DOCX_WORD} mine." in read
@@ -133,7 +133,7 @@ def test_the_agent_reads_and_searches_zip_members_then_their_extraction(
         assert image.status == "error"
         assert "is a binary file" in image.content
 
-    second = _tools(model.received[2])
+    second = tool_messages(model.received[2])
     extracted = second["e1"].content
     assert extracted.startswith(f"[{WORKSPACE}/reports/q3/summary.docx as Markdown text")
     assert f"The {DOCX_WORD} mine." in extracted
@@ -144,8 +144,8 @@ def test_a_refused_archive_is_named_in_the_block(base_dir: Path, service: Upload
     from tests.support.archives import make_overlapping_zip
 
     service.save_uploads(T1, [IncomingFile("bomb.zip", io.BytesIO(make_overlapping_zip()))])
-    model = DecidingModel(messages=iter([AIMessage("ok")]))
-    agent = _agent(base_dir, service, model)
+    model = RecordingToolModel(messages=iter([AIMessage("ok")]))
+    agent = documents_agent(base_dir, service, model)
     files: Any = {"filename": "bomb.zip", "size": 10}
     agent.invoke(
         {"messages": [human_with_files("look", files, id="h1")]},

@@ -7,11 +7,8 @@ documents generated here, and are recorded like the Convert button's.
 
 from __future__ import annotations
 
-import io
 import re
 import time
-from collections.abc import Callable
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +16,10 @@ import pytest
 from langchain_core.messages import AIMessage
 from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
-from langchain_core.messages import ToolMessage
 
 from deerflow_web.agent import UploadTools
 from deerflow_web.agent import make_file_tools
 from deerflow_web.models import ConversionState
-from deerflow_web.models import IncomingFile
 from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.service import UploadService
@@ -32,10 +27,13 @@ from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 from tests.helpers import uploads_dir
 from tests.support.agent_helpers import RecordingToolModel
-from tests.support.agent_helpers import file_agent
+from tests.support.agent_helpers import documents_agent
 from tests.support.agent_helpers import human_with_files
 from tests.support.agent_helpers import make_runtime
+from tests.support.agent_helpers import replies_from
+from tests.support.agent_helpers import save_files
 from tests.support.agent_helpers import tool_call
+from tests.support.agent_helpers import tool_messages
 from tests.support.documents import make_docx
 from tests.support.documents import make_encrypted_pdf
 from tests.support.documents import make_fake_legacy_doc
@@ -46,36 +44,9 @@ PDF_LINES = ("Hello PDF world", "Revenue grew in every region.")
 DOCX_WORD = "Zanzibarite"  # only inside the Word file
 
 
-def _tools(messages: list[BaseMessage]) -> dict[str, ToolMessage]:
-    return {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
-
-
-def _save(service: UploadService, *paths: Path, thread_id: str = "t1") -> None:
-    service.save_uploads(
-        ThreadRef.single_user(thread_id),
-        [IncomingFile(path.name, io.BytesIO(path.read_bytes())) for path in paths],
-    )
-
-
 @pytest.fixture
 def service(base_dir: Path) -> UploadService:
     return make_upload_service(base_dir)
-
-
-def _agent(base_dir: Path, service: UploadService, model: RecordingToolModel, **tools: Any) -> Any:
-    return file_agent(
-        model, base_dir, tool_options=tools, middleware_options={"upload_service": service}
-    )
-
-
-def _replies(model: RecordingToolModel, steps: list[Callable[[list[BaseMessage]], AIMessage]]):
-    """Feed the fake model replies computed from the messages it has just received."""
-
-    def generate() -> Iterator[AIMessage]:
-        for step in steps:
-            yield step(model.received[-1])
-
-    return generate()
 
 
 def test_the_agent_reads_and_searches_unconverted_documents(
@@ -89,7 +60,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
         title="Quarterly Report",
         paragraphs=(f"The {DOCX_WORD} mine reopened.",),
     )
-    _save(service, pdf, docx)
+    save_files(service, pdf, docx)
     folder = uploads_dir(base_dir, "t1", None)
     assert sorted(p.name for p in folder.iterdir()) == ["letter.pdf", "report.docx"]
 
@@ -111,7 +82,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
         )
 
     model = RecordingToolModel(messages=iter(()))
-    model.messages = _replies(
+    model.messages = replies_from(
         model,
         [
             lambda _: AIMessage(
@@ -129,7 +100,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
             lambda _: AIMessage("turn two done"),
         ],
     )
-    agent = _agent(base_dir, service, model)
+    agent = documents_agent(base_dir, service, model)
     context = {"thread_id": "t1"}
     config = {"configurable": {"thread_id": "t1"}}
 
@@ -144,7 +115,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
     )
 
     # The PDF's text, numbered, under the path the block printed.
-    first = _tools(model.received[1])
+    first = tool_messages(model.received[1])
     text = first["r1"].content
     assert first["r1"].status == "success"
     assert text.startswith(f"[{UPLOADS}/letter.pdf as Markdown text, lines 1-")
@@ -170,7 +141,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
     )
 
     # A second read reuses the companion: no new conversion.
-    second = _tools(model.received[2])["r2"].content
+    second = tool_messages(model.received[2])["r2"].content
     assert second == text
     records = {r.filename: r for r in service.list_uploads(ThreadRef.single_user("t1"))}
     assert (
@@ -186,7 +157,7 @@ def test_the_agent_reads_and_searches_unconverted_documents(
         context=context,
     )
     line = outline_line["Summary"]
-    section = _tools(model.received[-1])["r3"].content
+    section = tool_messages(model.received[-1])["r3"].content
     assert (
         section
         == f"[{UPLOADS}/report.docx as Markdown text, lines {line}-{line} of "
@@ -200,12 +171,12 @@ def test_a_replaced_document_is_converted_again(
 ) -> None:
     made = tmp_path / "made"
     made.mkdir()
-    _save(service, make_pdf(made / "letter.pdf", lines=("First version",)))
+    save_files(service, make_pdf(made / "letter.pdf", lines=("First version",)))
     read = UploadTools(base_dir=base_dir).by_name()["read_file"]
     runtime = make_runtime({"thread_id": "t1"})
 
     assert "First version" in read.invoke({"path": f"{UPLOADS}/letter.pdf", "runtime": runtime})
-    _save(service, make_pdf(made / "letter.pdf", lines=("Second version",)))
+    save_files(service, make_pdf(made / "letter.pdf", lines=("Second version",)))
     again = read.invoke({"path": f"{UPLOADS}/letter.pdf", "runtime": runtime})
 
     assert "Second version" in again and "First version" not in again
@@ -226,7 +197,7 @@ def test_a_slow_conversion_says_call_again_and_the_next_call_reads(
 ) -> None:
     made = tmp_path / "made"
     made.mkdir()
-    _save(service, make_pdf(made / "letter.pdf", lines=PDF_LINES))
+    save_files(service, make_pdf(made / "letter.pdf", lines=PDF_LINES))
     jobs = _jobs(service)
     read = UploadTools(base_dir=base_dir, conversion_jobs=jobs, read_wait_seconds=0.01).by_name()[
         "read_file"
@@ -256,7 +227,7 @@ def test_grep_names_a_document_that_is_still_converting(
 ) -> None:
     made = tmp_path / "made"
     made.mkdir()
-    _save(service, make_pdf(made / "letter.pdf"))
+    save_files(service, make_pdf(made / "letter.pdf"))
     (uploads_dir(base_dir, "t1", None) / "notes.txt").write_text("Hello notes\n", encoding="utf-8")
     tools = {t.name: t for t in make_file_tools(base_dir=base_dir, read_wait_seconds=0.01)}
 
@@ -291,7 +262,7 @@ def test_a_document_that_cannot_be_read_gives_the_reason(
 ) -> None:
     made = tmp_path / "made"
     made.mkdir()
-    _save(service, make(made / name))
+    save_files(service, make(made / name))
     read = UploadTools(base_dir=base_dir).by_name()["read_file"]
 
     message = read.invoke(

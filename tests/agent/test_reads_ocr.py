@@ -21,12 +21,12 @@ from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
-from tests.agent.test_reads_documents import DecidingModel
-from tests.agent.test_reads_documents import _agent
-from tests.agent.test_reads_documents import _call
-from tests.agent.test_reads_documents import _replies
-from tests.agent.test_reads_documents import _save
-from tests.agent.test_reads_documents import _tools
+from tests.support.agent_helpers import RecordingToolModel
+from tests.support.agent_helpers import documents_agent
+from tests.support.agent_helpers import replies_from
+from tests.support.agent_helpers import save_files
+from tests.support.agent_helpers import tool_call
+from tests.support.agent_helpers import tool_messages
 from tests.support.images import character_accuracy
 from tests.support.images import make_mixed_pdf
 from tests.support.images import make_photo_jpeg
@@ -59,42 +59,44 @@ def test_the_agent_reads_and_greps_images_and_scans_with_pdf_pages(
         make_photo_jpeg(made / "photo.jpg"),
         make_mixed_pdf(made / "mixed.pdf"),
     )
-    _save(service, *files)
+    save_files(service, *files)
     jobs = ConversionJobs(service, ConversionSettings(timeout_seconds=240, workers=2))
     closing_line: dict[str, int] = {}
 
     def read_closing_page(messages: list) -> AIMessage:
-        mixed = _tools(messages)["r-mixed.pdf"].content
+        mixed = tool_messages(messages)["r-mixed.pdf"].content
         closing_line["n"] = int(_line(mixed, r"^\s+(\d+) p\.3\tTyped closing page$")[1])
         line = closing_line["n"]
         return AIMessage(
             "",
-            tool_calls=[_call("read_file", "r-part", path=f"{UPLOADS}/mixed.pdf", start_line=line)],
+            tool_calls=[
+                tool_call("read_file", "r-part", path=f"{UPLOADS}/mixed.pdf", start_line=line)
+            ],
         )
 
-    model = DecidingModel(messages=iter(()))
-    model.messages = _replies(
+    model = RecordingToolModel(messages=iter(()))
+    model.messages = replies_from(
         model,
         [
             lambda _: AIMessage(
                 "",
                 tool_calls=[
-                    _call("read_file", f"r-{name}", path=f"{UPLOADS}/{name}") for name in NAMES
+                    tool_call("read_file", f"r-{name}", path=f"{UPLOADS}/{name}") for name in NAMES
                 ],
             ),
             lambda _: AIMessage(
                 "",
                 tool_calls=[
-                    _call("grep", "g-road", pattern="Harbour Road", path=UPLOADS),
-                    _call("grep", "g-total", pattern=r"4,210\.50", path=UPLOADS),
-                    _call("grep", "g-chinese", pattern="发票号码", path=UPLOADS),
+                    tool_call("grep", "g-road", pattern="Harbour Road", path=UPLOADS),
+                    tool_call("grep", "g-total", pattern=r"4,210\.50", path=UPLOADS),
+                    tool_call("grep", "g-chinese", pattern="发票号码", path=UPLOADS),
                 ],
             ),
             read_closing_page,
             lambda _: AIMessage("report.pdf, page 3"),
         ],
     )
-    agent = _agent(base_dir, service, model, conversion_jobs=jobs, read_wait_seconds=230.0)
+    agent = documents_agent(base_dir, service, model, conversion_jobs=jobs, read_wait_seconds=230.0)
     try:
         agent.invoke(
             {"messages": [HumanMessage("read my scans", id="h1")]},
@@ -104,7 +106,7 @@ def test_the_agent_reads_and_greps_images_and_scans_with_pdf_pages(
     finally:
         jobs.stop_keeper()
 
-    reads = _tools(model.received[1])
+    reads = tool_messages(model.received[1])
     assert all(reads[f"r-{name}"].status == "success" for name in NAMES), reads
 
     # The scanned PDF: every line carries its page; the markers say it was read by OCR.
@@ -136,7 +138,7 @@ def test_the_agent_reads_and_greps_images_and_scans_with_pdf_pages(
     _line(mixed, r"^\s+\d+ p\.3\tTyped closing page$")
 
     # grep finds OCR text, with the page of each PDF line.
-    greps = _tools(model.received[2])
+    greps = tool_messages(model.received[2])
     road = json.loads(greps["g-road"].content)["matches"]
     assert {(m["path"].rsplit("/", 1)[1], m.get("page")) for m in road} == {
         ("scan.pdf", 1),
@@ -148,7 +150,7 @@ def test_the_agent_reads_and_greps_images_and_scans_with_pdf_pages(
     assert [m["path"] for m in chinese] == [f"{UPLOADS}/photo.jpg"]
 
     # A read that starts in the middle still knows the page it is on.
-    part = _tools(model.received[3])["r-part"].content
+    part = tool_messages(model.received[3])["r-part"].content
     line = closing_line["n"]
     assert part.splitlines()[1] == f"{line:>6} p.3\tTyped closing page"
 
@@ -178,7 +180,7 @@ def test_slides_of_a_presentation_are_given_with_each_line(
 
     made = tmp_path / "made"
     made.mkdir()
-    _save(service, make_pptx(made / "deck.pptx"))
+    save_files(service, make_pptx(made / "deck.pptx"))
     runtime = make_runtime({"thread_id": "t1"})
 
     text = _tool(base_dir, "read_file").invoke({"path": f"{UPLOADS}/deck.pptx", "runtime": runtime})
@@ -200,7 +202,7 @@ def test_markers_in_a_markdown_file_someone_wrote_are_only_text(
     made.mkdir()
     notes = made / "notes.md"
     notes.write_text("<!-- page 7 of 9: text layer -->\nMy own notes\n", encoding="utf-8")
-    _save(service, notes)
+    save_files(service, notes)
     runtime = make_runtime({"thread_id": "t1"})
 
     text = _tool(base_dir, "read_file").invoke({"path": f"{UPLOADS}/notes.md", "runtime": runtime})

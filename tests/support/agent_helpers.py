@@ -3,21 +3,29 @@ and a fake model for real `create_agent` loops."""
 
 from __future__ import annotations
 
+import io
 import os
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
 from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
+from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 from typing_extensions import TypedDict
 
 from deerflow_web.agent import make_file_tools
 from deerflow_web.agent import make_upload_middleware
+from deerflow_web.models import IncomingFile
+from deerflow_web.models import ThreadRef
+from deerflow_web.services.uploads.service import UploadService
 
 
 class AgentContext(TypedDict, total=False):
@@ -104,3 +112,33 @@ def human_with_files(content: Any, *files: dict[str, Any], **kwargs: Any) -> Hum
     return HumanMessage(
         content=content, id=kwargs.pop("id", "msg-1"), additional_kwargs=extra, **kwargs
     )
+
+
+def tool_messages(messages: list[BaseMessage]) -> dict[str, ToolMessage]:
+    """The tool results among `messages`, by the id of the call they answer."""
+    return {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+
+
+def save_files(service: UploadService, *paths: Path, thread_id: str = "t1") -> None:
+    """Upload local files into a single-user thread through the service."""
+    service.save_uploads(
+        ThreadRef.single_user(thread_id),
+        [IncomingFile(path.name, io.BytesIO(path.read_bytes())) for path in paths],
+    )
+
+
+def documents_agent(
+    base_dir: Path, service: UploadService, model: GenericFakeChatModel, **tools: Any
+) -> Any:
+    """`file_agent` whose middleware reads the records of `service`."""
+    return file_agent(
+        model, base_dir, tool_options=tools, middleware_options={"upload_service": service}
+    )
+
+
+def replies_from(
+    model: RecordingToolModel, steps: list[Callable[[list[BaseMessage]], AIMessage]]
+) -> Iterator[AIMessage]:
+    """Feed the fake model replies computed from the messages it has just received."""
+    for step in steps:
+        yield step(model.received[-1])
