@@ -97,7 +97,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=200)
     args = parser.parse_args()
-    from tests.documents import make_pdf
+    from tests.support.documents import make_pdf
 
     with tempfile.TemporaryDirectory(prefix="deerflow-bench-") as scratch:
         root = Path(scratch)

@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.live_server import LiveServer  # noqa: E402
+from tests.support.live_server import LiveServer  # noqa: E402
 
 MIB = 1024 * 1024
 CLIENTS = 16
