@@ -39,7 +39,7 @@ HEADER = ("type", "input MB", "output chars", "seconds", "s per MB", "peak RSS M
 def main() -> int:
     """Generate, convert and print the table."""
     sys.path.insert(0, str(PROJECT_ROOT))  # the generators live with the tests
-    from tests import documents
+    from tests.support import documents
 
     settings = ConversionSettings()
     started = time.monotonic()
