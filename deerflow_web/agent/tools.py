@@ -238,7 +238,7 @@ class UploadTools:
 
         try:
             texts = self.documents.for_thread(thread) if documents else None
-            return UserDataFiles(thread, texts, listed_upload, withheld)
+            return UserDataFiles(thread, texts, listed_upload, withheld=withheld)
         except DeerFlowError as error:
             raise ToolException(neutralize(str(error))) from error
 

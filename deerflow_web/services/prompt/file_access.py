@@ -368,6 +368,7 @@ class UserDataFiles:
 
         Raises:
             ArchiveRefused: An archive on the way is refused or nested too deep.
+            FileAccessError: The archive is held back by virus scanning.
         """
         split = self._thread.split_archive_path(real)
         if split is None:
@@ -375,6 +376,9 @@ class UserDataFiles:
         archive, rest = split
         if self._foreign(archive) or is_staging_name(archive.name):
             return None
+        if (reason := self._held(archive)) is not None:
+            # An archive the scanner has not cleared keeps its members too.
+            raise FileAccessError(f"{neutralize(archive.name)} cannot be read yet: {reason}.")
         return self._archives.locate(self._archive_at(archive), rest)
 
     def _listing_text(

@@ -238,6 +238,38 @@ def test_read_tool_refuses_a_file_not_scanned_clean(held_back: Any) -> None:
     assert "clean text" in clean
 
 
+def test_members_of_an_archive_not_scanned_clean_are_refused_too(
+    tmp_path: Path, make_clamd: Any
+) -> None:
+    """clamd reads inside archives, so an archive's scan covers its members; an archive
+    stored unscanned keeps them from read_file, grep and glob until it is cleared."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("q3/notes.txt", "member text\n")
+    clamd = make_clamd()
+    engine = open_database(tmp_path)
+    service = make_upload_service(
+        tmp_path, engine=engine, scanner=scanner_for(clamd, on_unavailable="accept_unscanned")
+    )
+    try:
+        clamd.stop()
+        store(service, (buffer.getvalue(), "reports.zip"))
+        tools = UploadTools(paths=service.paths, upload_service=service, require_user=False)
+        runtime = make_runtime({"thread_id": T})
+        member = "/mnt/user-data/uploads/reports.zip/q3/notes.txt"
+        read = tools.by_name()["read_file"].invoke({"path": member, "runtime": runtime})
+        assert "cannot be read yet" in read and "member text" not in read
+        found = tools.by_name()["grep"].invoke(
+            {"pattern": "member", "path": "/mnt/user-data/uploads", "runtime": runtime}
+        )
+        assert "member text" not in str(found)
+    finally:
+        engine.dispose()
+
+
 def test_middleware_announces_only_clean_files_and_names_the_others(held_back: Any) -> None:
     middleware = UploadsMiddleware(
         paths=held_back.paths, upload_service=held_back, require_user=False
