@@ -56,10 +56,11 @@ def check_thread_access() -> None:
         if request.url_rule.provide_automatic_options:
             ThreadRef.single_user(raw)  # a malformed id is still 422
             return  # Flask answers it without running a view
-    ref = ThreadRef(raw, current_owner())
-    if not request_has(THREAD_MAY_BE_NEW) and not get_services().threads.exists(ref):
-        raise ThreadNotFound(ref.thread_id)
-    g.thread = get_services().uploads.folders(ref)
+    # The ownership check and the view share one walk of the thread's folders.
+    thread = get_services().uploads.folders(ThreadRef(raw, current_owner()))
+    if not request_has(THREAD_MAY_BE_NEW) and not get_services().threads.exists(thread):
+        raise ThreadNotFound(thread.thread_id)
+    g.thread = thread
 
 
 def current_thread() -> ThreadFolders:

@@ -550,7 +550,7 @@ def test_a_pdf_preview_opens_at_the_cited_page(
     seed(app, "t1", {"report.pdf": b"%PDF-1.4\n"})
     html = preview(client, f"uploads/report.pdf{query}")
     src = "/api/threads/t1/artifacts/mnt/user-data/uploads/report.pdf" + fragment
-    view = "&view=FitH" if fragment else "#view=FitH"  # fitted to the frame's width
+    view = "&amp;view=FitH" if fragment else "#view=FitH"  # fitted to the frame's width
     assert f'<iframe class="pdf-frame" src="{src}{view}"' in html
     assert f'<a href="{src}">' in html
     assert "<script>" not in html
