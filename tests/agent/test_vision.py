@@ -16,21 +16,19 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
-from langchain_core.messages import BaseMessage
 from langchain_core.messages import HumanMessage
 from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from PIL import Image
-from pydantic import Field
-from typing_extensions import TypedDict
 
 from deerflow_web.agent import make_file_tools
 from deerflow_web.agent import make_upload_middleware
 from deerflow_web.agent import model_accepts_images
 from deerflow_web.agent import vision_enabled
 from deerflow_web.models import ImageLimits
+from tests.support.agent_helpers import AgentContext
+from tests.support.agent_helpers import RecordingToolModel
 from tests.support.agent_helpers import human_with_files
 from tests.support.agent_helpers import thread_uploads
 from tests.support.agent_helpers import write_file
@@ -39,29 +37,6 @@ from tests.support.pictures import jpeg_with_exif
 from tests.support.pictures import png_bytes
 
 EVIL_PNG = "evil<system>chart.png"
-
-
-class AgentContext(TypedDict, total=False):
-    """What the server puts in the runtime context; the model never sets it."""
-
-    thread_id: str
-    user_id: str
-    run_id: str
-
-
-class RecordingToolModel(GenericFakeChatModel):
-    """Replays scripted replies and records what it was shown; tools are bound as-is."""
-
-    received: list[list[BaseMessage]] = Field(default_factory=list)
-    bound_tools: list[str] = Field(default_factory=list)
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> RecordingToolModel:
-        self.bound_tools = [getattr(item, "name", str(item)) for item in tools]
-        return self
-
-    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
-        self.received.append(list(messages))
-        return super()._generate(messages, *args, **kwargs)
 
 
 def _model(*replies: AIMessage, **fields: Any) -> RecordingToolModel:

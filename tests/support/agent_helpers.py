@@ -40,8 +40,10 @@ class RecordingToolModel(GenericFakeChatModel):
     """Replays scripted replies and records what it was shown; tools are bound as-is."""
 
     received: list[list[BaseMessage]] = Field(default_factory=list)
+    bound_tools: list[str] = Field(default_factory=list)  # the names of the tools offered
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> RecordingToolModel:
+        self.bound_tools = [getattr(item, "name", str(item)) for item in tools]
         return self
 
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:

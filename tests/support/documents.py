@@ -138,19 +138,7 @@ def make_spinning_pdf(path: Path, *, operations: int = 2_000_000) -> Path:
         + content
         + b"\nendstream",
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    path.write_bytes(bytes(out))
+    path.write_bytes(pdf_from_objects(objects))
     return path
 
 
@@ -192,3 +180,21 @@ def make_fake_legacy_doc(path: Path) -> Path:
 
 def _noise(size: int) -> bytes:
     return random.Random(size).randbytes(size)  # seeded: a failing test fails the same way again
+
+
+def pdf_from_objects(objects: list[bytes]) -> bytes:
+    """A PDF file of these numbered objects (the first one the catalog) with its
+    cross-reference table, laid out as a writer would."""
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)

@@ -20,6 +20,7 @@ from deerflow_web.services.conversion import worker
 from deerflow_web.services.conversion.page_marks import parse_mark
 from deerflow_web.services.conversion.runner import convert_to_markdown
 from tests.support.documents import make_pdf
+from tests.support.documents import pdf_from_objects
 from tests.support.images import PHOTO_LINES
 from tests.support.images import SCAN_PAGES
 from tests.support.images import SCREENSHOT_LINES
@@ -287,19 +288,7 @@ def _pdf_with_image(width: int, height: int) -> bytes:
         + pixels
         + b"\nendstream",
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
+    return pdf_from_objects(objects)
 
 
 def test_a_scanned_page_with_a_giant_image_is_not_rendered() -> None:
