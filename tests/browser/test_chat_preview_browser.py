@@ -80,7 +80,7 @@ def test_with_pictures_ticked_the_thumbnails_of_the_image_blocks_load(
         },
     )
     page.page.goto(f"{live.url}/threads/{THREAD}/chat")
-    page.page.get_by_role("textbox", name="Message").fill("What do these show?")
+    page.page.get_by_role("combobox", name="Message").fill("What do these show?")
     for name in ("photo.jpg", "chart.png", "logo.svg"):
         page.page.get_by_role("checkbox", name=name).check()
     page.page.get_by_role("checkbox", name="The model accepts pictures").check()
