@@ -114,3 +114,9 @@ def test_the_app_refuses_to_start_on_s3_until_it_serves_it(
     monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "files")
     with pytest.raises(ConfigError, match="is not served yet"):
         create_app({"TESTING": True, "BASE_DIR": str(tmp_path / "data")})
+
+
+def test_the_example_config_keeps_the_local_disk() -> None:
+    example = Path(__file__).resolve().parents[1] / "config.example.yaml"
+    storage = load_settings(config_path=example, environ={}).storage
+    assert storage == StorageSettings("local", S3Settings(presigned_downloads=False))

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
+from deerflow_web.concurrency import Turn
 from deerflow_web.concurrency import start_beside
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import InvalidObjectKey
@@ -375,6 +376,40 @@ class S3ObjectStore:
             )
 
 
+class _CooperativeBody:
+    """A part's bytes as a request body that the HTTP client reads in pieces, stepping aside
+    for the loop between pieces once its turn is over (`Turn`).
+
+    gevent's `sendall` waits only when the socket is full: handed a whole 8 MiB part and a
+    server that drains as fast (loopback, a LAN), it copied the part into the kernel in one
+    go and held the loop for up to 40-140 ms. Read in the client's 16 KiB pieces, a part
+    holds it for one turn at most. Seekable, so the client may retry the request.
+    """
+
+    def __init__(self, data: bytearray) -> None:
+        self._view = memoryview(data)
+        self._position = 0
+        self._turn = Turn()
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._turn.step_aside()
+        end = len(self._view) if size is None or size < 0 else self._position + size
+        piece = self._view[self._position : end].tobytes()
+        self._position += len(piece)
+        return piece
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._position, 2: len(self._view)}[whence]
+        self._position = max(0, min(base + offset, len(self._view)))
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+
 def _hash_part(whole: Any, part: bytes | bytearray) -> bytes:
     """Feed the object's hash and return the part's own digest: one pass per hash, run
     beside the loop (hashlib releases the interpreter lock on large buffers)."""
@@ -439,7 +474,7 @@ class S3Writer:
                     Key=self._full,
                     UploadId=self._upload_id,
                     PartNumber=number,
-                    Body=self._buffer,
+                    Body=_CooperativeBody(self._buffer),
                     ChecksumSHA256=digest,
                 )
         except BaseException:
@@ -460,7 +495,7 @@ class S3Writer:
                     store.client.put_object(
                         Bucket=store.bucket,
                         Key=self._full,
-                        Body=self._buffer,
+                        Body=_CooperativeBody(self._buffer),
                         ChecksumSHA256=_b64(digest),
                         Metadata={SHA256_METADATA: sha256},
                     )
