@@ -432,3 +432,20 @@ def test_s3_down_is_unavailable_and_the_same_store_recovers(seaweedfs: SeaweedFS
     assert not store.exists("users/u1/threads/t1/user-data/uploads/during.txt")
     write(store, KEY, b"after")
     assert read_all(store, KEY) == b"after"
+
+
+def test_a_copy_past_the_single_request_limit_goes_in_parts(
+    bucket: S3ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CopyObject stops at 5 GiB; the limits are lowered here so 11 MiB takes that path."""
+    from deerflow_web.storage.objects import s3
+
+    monkeypatch.setattr(s3, "MAX_COPY_SIZE", 6 * MiB)
+    monkeypatch.setattr(s3, "COPY_PART_SIZE", MIN_PART_SIZE)
+    store = bucket.with_prefix(f"copy-{uuid.uuid4().hex}")
+    body = os.urandom(2 * MIN_PART_SIZE + 999)
+    write(store, KEY, body)
+    copied = store.copy(KEY, "a/copy.bin")
+    assert copied.size == len(body)
+    assert read_all(store, "a/copy.bin") == body
+    assert store.list_stale_uploads() == []

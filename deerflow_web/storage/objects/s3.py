@@ -116,6 +116,9 @@ class S3ObjectStore:
         self.retry_after_seconds = retry_after_seconds
         config = Config(
             signature_version="s3v4",
+            # Path-style: every self-hosted server understands it. No payload signing (a
+            # second SHA-256 pass on the loop): the x-amz-checksum-sha256 of each request
+            # is what S3 checks the bytes against.
             s3={"addressing_style": "path", "payload_signing_enabled": False},
             # boto3 1.36+ adds CRC32 trailers to every upload by default, which several
             # S3-compatible servers refuse; our own SHA-256 checksums go in headers.
