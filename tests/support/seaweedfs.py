@@ -217,6 +217,16 @@ class SeaweedFS:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+        # weed puts a unix socket beside each gRPC port in /tmp, whatever TMPDIR says,
+        # and a killed weed leaves them there
+        master_grpc, volume_grpc, filer_grpc, s3_grpc = self._grpc_ports
+        for kind, port in (
+            ("master", master_grpc),
+            ("volume", volume_grpc),
+            ("filer", filer_grpc),
+            ("s3", s3_grpc),
+        ):
+            Path(f"/tmp/seaweedfs-{kind}-grpc-{port}.sock").unlink(missing_ok=True)
 
     def close(self) -> None:
         """Stop the server and remove its data (thrown away: no need to wait long)."""
