@@ -146,6 +146,9 @@ class DiskObjectStore:
                     yield key, entry
 
     def list_keys(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Committed files under `prefix` (staging files left out). The data dir also
+        holds the app's own files (the database, the secret key): a sweep or a migration
+        lists the thread layouts, `users/` and `threads/`, not the empty prefix."""
         for key, entry in self._walk(prefix):
             if is_staging_name(entry.name):
                 continue
