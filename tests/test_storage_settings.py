@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.errors import ConfigError
 from deerflow_web.settings import S3_NOT_SERVED
 from deerflow_web.settings import S3Settings
@@ -120,3 +121,14 @@ def test_the_example_config_keeps_the_local_disk() -> None:
     example = Path(__file__).resolve().parents[1] / "config.example.yaml"
     storage = load_settings(config_path=example, environ={}).storage
     assert storage == StorageSettings("local", S3Settings(presigned_downloads=False))
+
+
+def test_the_agent_side_refuses_s3_as_the_app_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEER_FLOW_HOME", str(tmp_path / "data"))
+    assert resolve_thread_paths().base_dir == (tmp_path / "data").resolve()
+    monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "files")
+    with pytest.raises(ConfigError, match="is not served yet"):
+        resolve_thread_paths()
