@@ -37,6 +37,9 @@ from tests.support.seaweedfs import ACCESS_KEY
 from tests.support.seaweedfs import SECRET_KEY
 from tests.support.seaweedfs import SeaweedFS
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 BUCKET = "deerflow-tests"
 MiB = 1024 * 1024
 KEY = "users/u1/threads/t1/user-data/uploads/report.txt"
