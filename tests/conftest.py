@@ -209,6 +209,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         auth: dict[str, Any] | None = None,
         server: dict[str, Any] | None = None,
         scanning: dict[str, Any] | None = None,
+        versions: dict[str, Any] | None = None,
+        trash: dict[str, Any] | None = None,
         test_user: bool = True,
         **overrides: Any,
     ) -> Flask:
@@ -226,6 +228,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
                 ("auth", auth),
                 ("server", server),
                 ("scanning", scanning),
+                ("versions", versions),
+                ("trash", trash),
             )
             if value is not None
         }

@@ -212,6 +212,16 @@ def is_staging_name(name: str) -> bool:
     return name.startswith(STAGING_PREFIX) and name.endswith(STAGING_SUFFIX)
 
 
+# A thread's history (issue 27): the earlier bytes of replaced files and deleted files
+# waiting in the trash. Beside user-data, as the archive cache is: inside the thread's
+# folder (on its file system, so keeping a version is a rename or a link, never a copy;
+# removed with the thread) yet outside /mnt/user-data, so no listing, artifact route, zip,
+# share link, agent tool or sandbox can reach it by any path.
+HISTORY_FOLDER = "history"
+VERSIONS_FOLDER = "versions"
+TRASH_FOLDER = "trash"
+
+
 class ThreadPaths:
     """Computes thread folders under one base dir; never creates anything unless asked.
 
@@ -472,6 +482,19 @@ class ThreadFolders:
     def uploads_dir(self) -> Path:
         """The thread's uploads folder, checked (not created)."""
         return self.area_dir(Area.UPLOADS)
+
+    def versions_dir(self) -> Path:
+        """Where the earlier bytes of replaced files are kept (checked, not created): the
+        thread's hidden history folder, which no virtual path reaches."""
+        return self._history(VERSIONS_FOLDER)
+
+    def trash_dir(self) -> Path:
+        """Where deleted files wait for a restore or their expiry (checked, not created)."""
+        return self._history(TRASH_FOLDER)
+
+    def _history(self, name: str) -> Path:
+        folder = self.thread_dir() / HISTORY_FOLDER / name
+        return self.paths.checked(folder)
 
     def make_dirs(self, path: Path) -> list[Path]:
         """`ThreadPaths.make_dirs` for a folder of this thread; nothing to walk again when
