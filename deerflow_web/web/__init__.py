@@ -94,6 +94,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web.api import uploads as api
     from deerflow_web.web.chat import preview as chat
     from deerflow_web.web.files import downloads
+    from deerflow_web.web.files import history as history_pages
     from deerflow_web.web.files import pages
     from deerflow_web.web.files import share
 
@@ -103,6 +104,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(downloads.bp)
+    app.register_blueprint(history_pages.bp)
     app.register_blueprint(share.bp)
     app.register_blueprint(chat.bp)
     if settings.auth.enabled:
