@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import insert
 from sqlalchemy import select
@@ -109,33 +110,46 @@ _TRASH_COLUMNS = (
 )
 
 
+# Built once with bound parameters: a commit replacing many files runs these per file, and
+# building them per call was most of a small replace's cost (as for the records).
+_INSERT_VERSION = insert(file_versions).values(
+    {column.name: bindparam(column.name) for column in file_versions.columns}
+)
+_SELECT_VERSIONS = (
+    select(*_VERSION_COLUMNS)
+    .where(
+        file_versions.c.scope == bindparam("scope"),
+        file_versions.c.area == bindparam("area"),
+        file_versions.c.filename == bindparam("filename"),
+    )
+    .order_by(file_versions.c.created_at.desc(), file_versions.c.version_id.desc())
+)
+_DELETE_VERSIONS = delete(file_versions).where(
+    file_versions.c.scope == bindparam("scope"),
+    file_versions.c.version_id.in_(bindparam("ids", expanding=True)),
+)
+
+
 def insert_version(db: Connection, scope: str, version: FileVersion) -> None:
     db.execute(
-        insert(file_versions).values(
-            scope=scope,
-            version_id=version.version_id,
-            area=version.area,
-            filename=version.filename,
-            sha256=version.sha256,
-            size=version.size,
-            content_type=version.content_type,
-            created_at=version.created_at,
-            created_by=version.created_by,
-        )
+        _INSERT_VERSION,
+        {
+            "scope": scope,
+            "version_id": version.version_id,
+            "area": version.area,
+            "filename": version.filename,
+            "sha256": version.sha256,
+            "size": version.size,
+            "content_type": version.content_type,
+            "created_at": version.created_at,
+            "created_by": version.created_by,
+        },
     )
 
 
 def versions_of(db: Connection, scope: str, area: str, filename: str) -> list[FileVersion]:
     """The file's versions, newest first."""
-    rows = db.execute(
-        select(*_VERSION_COLUMNS)
-        .where(
-            file_versions.c.scope == scope,
-            file_versions.c.area == area,
-            file_versions.c.filename == filename,
-        )
-        .order_by(file_versions.c.created_at.desc(), file_versions.c.version_id.desc())
-    )
+    rows = db.execute(_SELECT_VERSIONS, {"scope": scope, "area": area, "filename": filename})
     return [FileVersion(*row) for row in rows]
 
 
@@ -157,11 +171,7 @@ def version_of(
 def delete_versions(db: Connection, scope: str, version_ids: Iterable[str]) -> None:
     wanted = list(version_ids)
     if wanted:
-        db.execute(
-            delete(file_versions).where(
-                file_versions.c.scope == scope, file_versions.c.version_id.in_(wanted)
-            )
-        )
+        db.execute(_DELETE_VERSIONS, {"scope": scope, "ids": wanted})
 
 
 def delete_scope(db: Connection, scope: str) -> None:

@@ -408,6 +408,7 @@ class ThreadFolders:
         self._areas: dict[Area, Path] = {}
         self._existing: set[Path] = set()
         self._records: list[UploadRecord] | None = None
+        self._history_dirs: dict[str, Path] = {}
 
     @property
     def thread_id(self) -> str:
@@ -493,8 +494,13 @@ class ThreadFolders:
         return self._history(TRASH_FOLDER)
 
     def _history(self, name: str) -> Path:
-        folder = self.thread_dir() / HISTORY_FOLDER / name
-        return self.paths.checked(folder)
+        """Checked once per handle, as the areas are: a commit replacing ten files walks
+        to its versions folder once."""
+        found = self._history_dirs.get(name)
+        if found is None:
+            found = self.paths.checked(self.thread_dir() / HISTORY_FOLDER / name)
+            self._history_dirs[name] = found
+        return found
 
     def make_dirs(self, path: Path) -> list[Path]:
         """`ThreadPaths.make_dirs` for a folder of this thread; nothing to walk again when
@@ -506,6 +512,7 @@ class ThreadFolders:
         if created:  # what the walk found missing exists now: the next use walks again
             self._walked, self._unsafe = False, None
             self._areas.clear()
+            self._history_dirs.clear()
         return created
 
     def cached_records(self) -> list[UploadRecord] | None:
