@@ -745,9 +745,10 @@ class UploadService:
         """Delete one upload and the companion conversion made from it; return what went.
 
         With the trash on (and not `permanent`) both are moved into the thread's trash,
-        from where they can be restored; otherwise they are deleted for good, with the
-        file's versions. A symlink is never followed (SPEC D7): it is reported as not
-        found. A `.md` the user uploaded is never removed by the cascade (D8).
+        from where they can be restored; otherwise (and on a full disk, where a delete is
+        how space is freed) they are deleted for good, with the file's versions. A symlink
+        is never followed (SPEC D7): it is reported as not found. A `.md` the user uploaded
+        is never removed by the cascade (D8).
         """
         _check_single_segment(filename)
         folders = self.folders(thread)
@@ -755,7 +756,15 @@ class UploadService:
         self._require_regular_file(folder / filename, filename)
         self.list_uploads(folders)  # fresh records: the cascade relies on them
         if self.history is not None and self.history.trash_enabled and not permanent:
-            return self._trash_upload(folders, filename)
+            try:
+                return self._trash_upload(folders, filename)
+            except (InsufficientStorage, DBAPIError, sqlite3.Error) as error:
+                if not isinstance(error, InsufficientStorage) and not is_storage_full(error):
+                    raise
+                # Nothing was moved (the step was undone). On a full disk deleting is how
+                # space is freed, and the trash cannot take the file without room for its
+                # row: the delete goes for good, as it did before there was a trash.
+                logger.warning("storage full: %s deleted for good, not into the trash", filename)
         let_go: list[Path] = []
         # The bytes go first: on a full disk, deleting is how space is freed, and the
         # records' write then has room (a record left behind is dropped by the next
