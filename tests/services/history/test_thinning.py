@@ -27,6 +27,8 @@ from deerflow_web.services.history.thinning import WEEK
 from deerflow_web.services.history.thinning import Aged
 from deerflow_web.services.history.thinning import versions_to_keep
 
+pytestmark = pytest.mark.same_in_both_modes  # pure arithmetic: no mode to read
+
 NOW = 100 * WEEK
 AGES = {
     "a": 60,
