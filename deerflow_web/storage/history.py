@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import bindparam
 from sqlalchemy import delete
+from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -290,6 +291,21 @@ def expired_trash(db: Connection, before: float) -> list[tuple[str, str]]:
         )
     )
     return [(scope, trash_id) for scope, trash_id in rows]
+
+
+def history_bytes(db: Connection, scope_prefix: str) -> tuple[int, int]:
+    """(bytes of versions, bytes in the trash) of every thread whose scope starts with
+    `scope_prefix` (`users/{id}/threads/` for one user's): what a quota counts."""
+    pattern = scope_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    totals = []
+    for table in (file_versions, trashed_files):
+        total = db.execute(
+            select(func.coalesce(func.sum(table.c.size), 0)).where(
+                table.c.scope.like(pattern, escape="\\")
+            )
+        ).scalar_one()
+        totals.append(int(total))
+    return totals[0], totals[1]
 
 
 def link_or_copy(source: Path, dest: Path) -> None:

@@ -130,8 +130,10 @@ class FileVersions:
         self.uploads = uploads
         self.settings = settings
         self._clock = clock
-        # How many bytes a user's versions may hold (quota x `versions.max_quota_share`);
-        # None: no budget, only the count and the thinning rule bound them.
+        # How many bytes this file's versions may hold, asked at each replace: the user's
+        # budget (quota x `versions.max_quota_share`) less what their other versions hold
+        # (`storage.history.history_bytes`). None: no budget, only the count and the
+        # thinning rule bound them.
         self.budget_bytes = budget_bytes
 
     @property

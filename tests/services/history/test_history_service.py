@@ -142,3 +142,18 @@ def test_versions_follow_a_rename_and_a_rename_over_a_name_keeps_a_version(
         contents.add(path.read_bytes())
     assert contents == {b"a1", b"b1"}  # a.txt's own version, and the b.txt it replaced
     assert (folder_of(uploads) / "b.txt").read_bytes() == b"a2"
+
+
+def test_history_bytes_counts_one_users_versions_and_trash(services: Any, base_dir: Path) -> None:
+    from deerflow_web.storage.history import history_bytes
+
+    uploads, _history = services
+    upload(uploads, b"12345")
+    upload(uploads, b"1234567")  # the 5 bytes become a version
+    upload(uploads, b"abc", "gone.txt")
+    uploads.delete_upload(thread_ref("t"), "gone.txt")  # 3 bytes in the trash
+    scope = uploads.folders(thread_ref("t")).scope
+    prefix = scope.rsplit("/", 1)[0] + "/"
+    with uploads.records.engine.connect() as db:
+        assert history_bytes(db, prefix) == (5, 3)
+        assert history_bytes(db, prefix + "other_") == (0, 0)
