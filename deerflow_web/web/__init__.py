@@ -89,6 +89,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     from deerflow_web.web.api import docs as api_docs
     from deerflow_web.web.api import health
+    from deerflow_web.web.api import history as history_api
     from deerflow_web.web.api import threads as threads_api
     from deerflow_web.web.api import tus
     from deerflow_web.web.api import uploads as api
@@ -101,6 +102,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
     csrf.exempt(tus.bp)  # nested in the API; Flask-WTF looks each blueprint up by itself
     csrf.exempt(threads_api.bp)  # nested in the API too
+    csrf.exempt(history_api.bp)  # nested in the API too
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(downloads.bp)

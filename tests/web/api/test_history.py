@@ -471,3 +471,22 @@ def test_deleting_the_thread_takes_versions_and_trash_with_it(
     assert not thread_dir(base_dir, T).exists()
     uploads.upload(T, (b"fresh", "a.txt"))
     assert versions(client, "a.txt") == [] and trash(client) == []
+
+
+def test_the_history_api_answers_api_clients_with_csrf_on(
+    make_app: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API guards against cross-site requests by origin, as all of /api does; Flask-WTF's
+    form token is for the pages (a nested blueprint must be exempted on its own)."""
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    client = make_app(WTF_CSRF_ENABLED=True).test_client()
+    actions = UploadActions(client)
+    assert actions.upload(T, (b"one", "a.txt")).status_code == 200
+    assert actions.upload(T, (b"two", "a.txt"), on_conflict="replace").status_code == 200
+    (kept,) = versions(client, "a.txt")
+    restored = client.post(f"{BASE}/uploads/a.txt/versions/{kept['version_id']}/restore")
+    assert restored.status_code == 200, restored.get_json()
+    assert actions.delete(T, "a.txt").status_code == 200
+    (entry,) = trash(client)
+    assert client.post(f"{BASE}/trash/{entry['trash_id']}/restore").status_code == 200
+    assert client.delete(f"{BASE}/trash").status_code == 200
