@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -490,3 +491,29 @@ def test_the_history_api_answers_api_clients_with_csrf_on(
     (entry,) = trash(client)
     assert client.post(f"{BASE}/trash/{entry['trash_id']}/restore").status_code == 200
     assert client.delete(f"{BASE}/trash").status_code == 200
+
+
+def test_share_links_serve_neither_versions_nor_the_trash(
+    app: Flask, client: FlaskClient, uploads: UploadActions
+) -> None:
+    uploads.upload(T, (b"old secret", "a.txt"))
+    response = client.post(f"/threads/{T}/share", data={"filenames": ["a.txt"], "hours": "24"})
+    link = re.search(r'id="share-url"[^>]*value="([^"]+)"', response.get_data(as_text=True))
+    assert link is not None
+    path = link.group(1).removeprefix("http://localhost")
+    uploads.upload(T, (b"CURRENT-BYTES", "a.txt"), on_conflict="replace")
+    visitor = app.test_client(user_id=None)
+    assert fetch(visitor, f"{path}/0").data == b"CURRENT-BYTES"  # never the kept version
+    (kept,) = versions(client, "a.txt")
+    sneaky = client.post(
+        f"/threads/{T}/share",
+        data={"filenames": [f"../../history/versions/{kept['version_id']}"], "hours": "24"},
+    )
+    if sneaky.status_code == 200:
+        made = re.search(r'id="share-url"[^>]*value="([^"]+)"', sneaky.get_data(as_text=True))
+        if made is not None:
+            opened = fetch(visitor, made.group(1).removeprefix("http://localhost") + "/0")
+            assert opened.status_code in (400, 403, 404) and b"old secret" not in opened.data
+    uploads.delete(T, "a.txt")
+    gone = fetch(visitor, f"{path}/0")
+    assert gone.status_code == 404 and b"CURRENT-BYTES" not in gone.data  # in the trash now
