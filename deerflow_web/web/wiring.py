@@ -61,7 +61,7 @@ class Services:
             settings.base_dir, settings.limits, self.engine, self.scanner
         )
         # Versions on every replace, the trash on every delete (issue 27).
-        self.history: ThreadHistory = make_history(self.uploads, settings.history)
+        self.history: ThreadHistory = make_history(self.uploads, settings.history, self.scanner)
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.extractor = ArchiveExtractor(self.uploads, settings.archives)
         self.intake = UploadIntake(

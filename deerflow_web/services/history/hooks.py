@@ -7,6 +7,7 @@ from pathlib import Path
 
 from deerflow_web.models import Area
 from deerflow_web.services.history.trash import Trash
+from deerflow_web.services.history.versions import FileScanner
 from deerflow_web.services.history.versions import FileVersions
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import HistorySettings
@@ -68,8 +69,12 @@ class ThreadHistory:
         return self.versions.forget(txn, folders, name)
 
 
-def make_history(uploads: UploadService, settings: HistorySettings) -> ThreadHistory:
-    """Build the versions and the trash over the upload service, and hook them into it."""
-    history = ThreadHistory(FileVersions(uploads, settings), Trash(uploads, settings))
+def make_history(
+    uploads: UploadService, settings: HistorySettings, scanner: FileScanner | None = None
+) -> ThreadHistory:
+    """Build the versions and the trash over the upload service, and hook them into it
+    (`scanner`: scans a version again as it is restored)."""
+    versions = FileVersions(uploads, settings, scanner=scanner)
+    history = ThreadHistory(versions, Trash(uploads, settings))
     uploads.history = history
     return history

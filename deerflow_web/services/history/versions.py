@@ -20,16 +20,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from pathlib import PurePosixPath
+from typing import Protocol
 
 from sqlalchemy import update
 
 from deerflow_web.errors import ArtifactPrefixError
+from deerflow_web.errors import InfectedFile
 from deerflow_web.errors import InvalidPath
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.errors import VersionNotFound
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
 from deerflow_web.models import OnConflict
+from deerflow_web.models import ScanState
+from deerflow_web.models import ScanVerdict
 from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.history.thinning import Aged
@@ -116,6 +120,12 @@ def check_version_id(version_id: str) -> None:
         raise VersionNotFound("the file", version_id)
 
 
+class FileScanner(Protocol):
+    """The virus scanner's scan of a whole file (`services/scanning`)."""
+
+    def scan_file(self, path: Path, filename: str) -> ScanVerdict: ...
+
+
 class FileVersions:
     """Keep, thin, list, serve and restore versions of a thread's files."""
 
@@ -126,8 +136,10 @@ class FileVersions:
         *,
         clock: Callable[[], float] = time.time,
         budget_bytes: Callable[[ThreadRef], int | None] = lambda _ref: None,
+        scanner: FileScanner | None = None,
     ) -> None:
         self.uploads = uploads
+        self.scanner = scanner  # None: scanning is off
         self.settings = settings
         self._clock = clock
         # How many bytes this file's versions may hold, asked at each replace: the user's
@@ -268,6 +280,13 @@ class FileVersions:
             raise VersionNotFound(version.filename, version.version_id) from None
         scope = folders.scope
         try:
+            # Scanned again as it becomes current (today's signatures), as a finished
+            # resumable upload is: a verdict for the record, or the restore is refused.
+            verdict = None
+            if self.scanner is not None:
+                verdict = self.scanner.scan_file(moved.path, version.filename)
+                if verdict.state is ScanState.INFECTED:
+                    raise InfectedFile(version.filename, verdict.found or "unknown")
             result = self.uploads.commit_staged(
                 folders,
                 version.filename,
@@ -278,6 +297,7 @@ class FileVersions:
                 then=lambda txn, _saved: delete_versions(
                     txn.connection, scope, [version.version_id]
                 ),
+                verdict=verdict,
             )
         except BaseException:
             moved.discard()

@@ -517,3 +517,32 @@ def test_share_links_serve_neither_versions_nor_the_trash(
     uploads.delete(T, "a.txt")
     gone = fetch(visitor, f"{path}/0")
     assert gone.status_code == 404 and b"CURRENT-BYTES" not in gone.data  # in the trash now
+
+
+def test_a_restored_version_is_scanned_again(
+    make_app: Any, clamd: Any, base_dir: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With scanning on, a version becomes current only with today's verdict: clean bytes
+    come back `clean`; bytes today's signatures call infected stay a version (422)."""
+    from tests.support.clamd import EICAR
+
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    app = make_app(scanning={"clamd": clamd.address, "timeout_seconds": 3})
+    client = app.test_client()
+    actions = UploadActions(client)
+    actions.upload(T, (b"first clean text", "a.txt"))
+    actions.upload(T, (b"second clean text", "a.txt"), on_conflict="replace")
+    (kept,) = versions(client, "a.txt")
+    restored = client.post(f"{BASE}/uploads/a.txt/versions/{kept['version_id']}/restore")
+    assert restored.status_code == 200, restored.get_json()
+    assert restored.get_json()["file"]["scan_state"] == "clean"
+    # The version of the second text is on disk now; pretend signatures learnt since
+    # call those bytes infected (the file is rewritten in place under the same id).
+    (undo,) = versions(client, "a.txt")
+    version_file = thread_dir(base_dir, T) / "history" / "versions" / undo["version_id"]
+    version_file.write_bytes(EICAR)
+    refused = client.post(f"{BASE}/uploads/a.txt/versions/{undo['version_id']}/restore")
+    assert refused.status_code == 422, refused.get_json()
+    assert refused.get_json()["detail"]
+    assert (uploads_dir(base_dir, T) / "a.txt").read_bytes() == b"first clean text"
+    assert version_file.exists() and len(versions(client, "a.txt")) == 1
