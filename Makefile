@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-small bench-scale bench-instances bench-ocr bench-versions browser postgres nginx fonts clamav clean
+.PHONY: run test lint bench bench-small bench-scale bench-instances bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -117,6 +117,11 @@ bench-ocr: $(VENV)/.test fonts
 # with and without versions, same run (issue 27).
 bench-versions: $(VENV)/.test
 	$(BIN)/python bench/bench_versions.py
+
+# The local and S3 object stores (SeaweedFS on loopback): 1 GiB write, 100 MiB read, memory,
+# a 1,000-object listing, the event loop's stalls.
+bench-storage: $(VENV)/.test
+	$(BIN)/python bench/bench_storage_backends.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
