@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-small bench-scale bench-instances bench-ocr bench-storage browser postgres nginx fonts clamav clean
+.PHONY: run test lint bench bench-small bench-scale bench-instances bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -112,6 +112,11 @@ bench-instances: $(VENV)/.test
 # OCR seconds per page (text layer, scanned page, photo), worker memory peak, OCR quality.
 bench-ocr: $(VENV)/.test fonts
 	$(BIN)/python bench/bench_ocr.py
+
+# The cost of keeping replaced bytes as versions: a 100 MiB replace and small uploads,
+# with and without versions, same run (issue 27).
+bench-versions: $(VENV)/.test
+	$(BIN)/python bench/bench_versions.py
 
 # The local and S3 object stores (SeaweedFS on loopback): 1 GiB write, 100 MiB read, memory,
 # a 1,000-object listing, the event loop's stalls.

@@ -170,6 +170,20 @@ class UploadNotFound(UploadError):
         self.name = name
 
 
+class VersionNotFound(UploadError):
+    """The file has no version of that id (in this thread, for this user)."""
+
+    def __init__(self, name: str, version_id: str) -> None:
+        super().__init__(f"No version {version_id} of {name}")
+
+
+class TrashEntryNotFound(UploadError):
+    """The thread's trash holds nothing of that id (or it expired)."""
+
+    def __init__(self, trash_id: str) -> None:
+        super().__init__(f"Nothing in the trash has the id {trash_id}")
+
+
 class ArtifactError(DeerFlowError):
     """Base class for failures resolving a virtual path (SPEC 1.9, 2.5)."""
 

@@ -146,6 +146,40 @@ class ResumableSettings:
         )
 
 
+@dataclass(frozen=True)
+class HistorySettings:
+    """Versions of replaced files and the trash of deleted ones (`versions.*`, `trash.*`).
+
+    `max_quota_share`: the share of the user's quota versions may take at most (the budget
+    given to thinning, once a quota applies).
+    """
+
+    versions_enabled: bool = True
+    keep_last: int = 10
+    max_quota_share: float = 0.5
+    trash_enabled: bool = True
+    trash_days: float = 30.0
+
+    @classmethod
+    def from_mapping(cls, versions: Mapping[str, Any], trash: Mapping[str, Any]) -> HistorySettings:
+        """Read `versions.*` and `trash.*`; invalid values fall back with a warning."""
+        share = positive_setting(
+            versions, "max_quota_share", cls.max_quota_share, section_name="versions"
+        )
+        if share > 1:
+            logger.warning("versions.max_quota_share=%r is over 1; using 1", share)
+            share = 1.0
+        return cls(
+            versions_enabled=parse_bool(versions.get("enabled", True)),
+            keep_last=positive_setting(
+                versions, "keep_last", cls.keep_last, section_name="versions"
+            ),
+            max_quota_share=share,
+            trash_enabled=parse_bool(trash.get("enabled", True)),
+            trash_days=positive_setting(trash, "days", cls.trash_days, section_name="trash"),
+        )
+
+
 SCAN_POLICIES = ("refuse", "accept_unscanned")
 
 
@@ -418,6 +452,7 @@ class Settings:
     agent: AgentSettings = field(default_factory=AgentSettings)
     archives: ArchiveLimits = field(default_factory=ArchiveLimits)
     scanning: ScanSettings = field(default_factory=ScanSettings)
+    history: HistorySettings = field(default_factory=HistorySettings)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     config_path: Path | None = None
@@ -655,6 +690,9 @@ def load_settings(
         agent=agent_from_mapping(_section(config, "agent")),
         archives=ArchiveLimits.from_mapping(_section(config, "archives"), uploads),
         scanning=ScanSettings.from_mapping(_section(config, "scanning")),
+        history=HistorySettings.from_mapping(
+            _section(config, "versions"), _section(config, "trash")
+        ),
         allowed_origins=tuple(o.strip().rstrip("/").lower() for o in origins),
         allowed_hosts=allowed_hosts_from(server, env),
         config_path=path,

@@ -252,6 +252,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         auth: dict[str, Any] | None = None,
         server: dict[str, Any] | None = None,
         scanning: dict[str, Any] | None = None,
+        versions: dict[str, Any] | None = None,
+        trash: dict[str, Any] | None = None,
         test_user: bool = True,
         **overrides: Any,
     ) -> Flask:
@@ -269,6 +271,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
                 ("auth", auth),
                 ("server", server),
                 ("scanning", scanning),
+                ("versions", versions),
+                ("trash", trash),
             )
             if value is not None
         }

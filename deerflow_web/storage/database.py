@@ -289,6 +289,42 @@ share_link_hits = Table(
 )
 
 
+file_versions = Table(
+    "file_versions",
+    metadata,
+    # The earlier bytes of a file that was replaced (issue 27): a re-upload over its name, a
+    # resumable upload finished over it, an artifact edit, a restore. The bytes live in the
+    # thread's hidden history folder (`ThreadFolders.versions_dir`), named by `version_id`.
+    Column("version_id", String(32), primary_key=True),
+    Column("scope", Text, nullable=False),  # the thread, as the upload records key it
+    Column("area", String(16), nullable=False),  # "uploads" or "outputs"
+    Column("filename", Text, nullable=False),  # the file's path inside its area
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("content_type", Text),
+    Column("created_at", Float, nullable=False),  # when these bytes stopped being current
+    Column("created_by", String(36)),  # the user whose write replaced them; NULL: no account
+    Index("ix_file_versions_file", "scope", "area", "filename", "created_at"),
+)
+
+trashed_files = Table(
+    "trashed_files",
+    metadata,
+    # Deleted uploads kept for `trash.days` (issue 27), with the records they had, so a
+    # restore gives the file (and its converted companions) back as it was.
+    Column("trash_id", String(32), primary_key=True),
+    Column("scope", Text, nullable=False),
+    Column("filename", Text, nullable=False),  # the name it had when it was deleted
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),  # its bytes and its companions' together
+    Column("deleted_at", Float, nullable=False),
+    Column("deleted_by", String(36)),
+    Column("records", Text, nullable=False),  # JSON: the file's record, then its companions'
+    Index("ix_trashed_files_scope", "scope", "deleted_at"),
+    Index("ix_trashed_files_expiry", "deleted_at"),
+)
+
+
 class DatabaseUnavailable(Exception):
     """The database cannot be reached right now; the request may be retried later."""
 

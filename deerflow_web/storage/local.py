@@ -51,6 +51,13 @@ class AtomicCommit:
 
     renamed: list[tuple[Path, Path, Path | None]] = field(default_factory=list)
     set_aside: list[Path] = field(default_factory=list)
+    linked: list[Path] = field(default_factory=list)
+
+    def keep_as(self, source: Path, dest: Path, give_name: Callable[[Path, Path], None]) -> None:
+        """Give `source`'s bytes the new name `dest` too (`give_name`: a hard link, or a
+        copy where none can be made), before `source` is replaced; `undo` removes it."""
+        give_name(source, dest)
+        self.linked.append(dest)
 
     def rename(self, source: Path, dest: Path) -> None:
         backup = None
@@ -83,8 +90,11 @@ class AtomicCommit:
                     os.replace(backup, dest)
             except OSError:
                 logger.exception("could not roll back %s", dest)
+        for path in self.linked:
+            path.unlink(missing_ok=True)
         self.renamed.clear()
         self.set_aside.clear()
+        self.linked.clear()
 
     def forget_backups(self) -> None:
         for path in [backup for _, _, backup in self.renamed if backup] + self.set_aside:

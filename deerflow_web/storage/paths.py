@@ -212,6 +212,16 @@ def is_staging_name(name: str) -> bool:
     return name.startswith(STAGING_PREFIX) and name.endswith(STAGING_SUFFIX)
 
 
+# A thread's history (issue 27): the earlier bytes of replaced files and deleted files
+# waiting in the trash. Beside user-data, as the archive cache is: inside the thread's
+# folder (on its file system, so keeping a version is a rename or a link, never a copy;
+# removed with the thread) yet outside /mnt/user-data, so no listing, artifact route, zip,
+# share link, agent tool or sandbox can reach it by any path.
+HISTORY_FOLDER = "history"
+VERSIONS_FOLDER = "versions"
+TRASH_FOLDER = "trash"
+
+
 class ThreadPaths:
     """Computes thread folders under one base dir; never creates anything unless asked.
 
@@ -398,6 +408,7 @@ class ThreadFolders:
         self._areas: dict[Area, Path] = {}
         self._existing: set[Path] = set()
         self._records: list[UploadRecord] | None = None
+        self._history_dirs: dict[str, Path] = {}
 
     @property
     def thread_id(self) -> str:
@@ -473,6 +484,24 @@ class ThreadFolders:
         """The thread's uploads folder, checked (not created)."""
         return self.area_dir(Area.UPLOADS)
 
+    def versions_dir(self) -> Path:
+        """Where the earlier bytes of replaced files are kept (checked, not created): the
+        thread's hidden history folder, which no virtual path reaches."""
+        return self._history(VERSIONS_FOLDER)
+
+    def trash_dir(self) -> Path:
+        """Where deleted files wait for a restore or their expiry (checked, not created)."""
+        return self._history(TRASH_FOLDER)
+
+    def _history(self, name: str) -> Path:
+        """Checked once per handle, as the areas are: a commit replacing ten files walks
+        to its versions folder once."""
+        found = self._history_dirs.get(name)
+        if found is None:
+            found = self.paths.checked(self.thread_dir() / HISTORY_FOLDER / name)
+            self._history_dirs[name] = found
+        return found
+
     def make_dirs(self, path: Path) -> list[Path]:
         """`ThreadPaths.make_dirs` for a folder of this thread; nothing to walk again when
         the handle's walk found it already there. Returns the folders created."""
@@ -483,6 +512,7 @@ class ThreadFolders:
         if created:  # what the walk found missing exists now: the next use walks again
             self._walked, self._unsafe = False, None
             self._areas.clear()
+            self._history_dirs.clear()
         return created
 
     def cached_records(self) -> list[UploadRecord] | None:

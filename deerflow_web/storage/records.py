@@ -41,8 +41,10 @@ from deerflow_web.models import ConversionState
 from deerflow_web.models import RecordSource
 from deerflow_web.models import ScanState
 from deerflow_web.models import UploadRecord
+from deerflow_web.storage.database import file_versions
 from deerflow_web.storage.database import is_sqlite
 from deerflow_web.storage.database import record_versions
+from deerflow_web.storage.database import trashed_files
 from deerflow_web.storage.database import uploads
 from deerflow_web.storage.database import write_transaction
 
@@ -387,6 +389,8 @@ class _Transaction:
         result = self._db.execute(
             update(uploads).where(uploads.c.scope == self._scope).values(scope=new)
         )
+        for table in (file_versions, trashed_files):  # the thread's history moves with it
+            self._db.execute(update(table).where(table.c.scope == self._scope).values(scope=new))
         _bump_version(self._db, new)
         return result.rowcount
 

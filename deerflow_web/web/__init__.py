@@ -91,20 +91,24 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     from deerflow_web.web.api import docs as api_docs
     from deerflow_web.web.api import health
+    from deerflow_web.web.api import history as history_api
     from deerflow_web.web.api import threads as threads_api
     from deerflow_web.web.api import tus
     from deerflow_web.web.api import uploads as api
     from deerflow_web.web.chat import preview as chat
     from deerflow_web.web.files import downloads
+    from deerflow_web.web.files import history as history_pages
     from deerflow_web.web.files import pages
     from deerflow_web.web.files import share
 
     csrf.exempt(api.bp)  # the API resists cross-site requests by origin instead (security.py)
     csrf.exempt(tus.bp)  # nested in the API; Flask-WTF looks each blueprint up by itself
     csrf.exempt(threads_api.bp)  # nested in the API too
+    csrf.exempt(history_api.bp)  # nested in the API too
     app.register_blueprint(api.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(downloads.bp)
+    app.register_blueprint(history_pages.bp)
     app.register_blueprint(share.bp)
     app.register_blueprint(chat.bp)
     if settings.auth.enabled:

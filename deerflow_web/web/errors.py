@@ -72,6 +72,7 @@ from deerflow_web.errors import TokenNotFound
 from deerflow_web.errors import TooLargeToScan
 from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
+from deerflow_web.errors import TrashEntryNotFound
 from deerflow_web.errors import TusVersionMissing
 from deerflow_web.errors import UnsafeFilename
 from deerflow_web.errors import UnsafeFolder
@@ -79,6 +80,7 @@ from deerflow_web.errors import UnsupportedChunkType
 from deerflow_web.errors import UploadBusy
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.errors import UserNotFound
+from deerflow_web.errors import VersionNotFound
 from deerflow_web.errors import WeakPassword
 from deerflow_web.errors import WrongPassword
 from deerflow_web.storage.database import is_storage_full
@@ -102,6 +104,8 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     PathTraversal: 403,
     UnsafeFolder: 403,
     UploadNotFound: 404,
+    VersionNotFound: 404,
+    TrashEntryNotFound: 404,
     ArtifactNotFound: 404,
     RequestTimedOut: 408,
     NameConflict: 409,

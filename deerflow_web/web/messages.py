@@ -41,9 +41,11 @@ from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import TooLargeToScan
 from deerflow_web.errors import TooManyFiles
 from deerflow_web.errors import TotalTooLarge
+from deerflow_web.errors import TrashEntryNotFound
 from deerflow_web.errors import UnsafeFilename
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.errors import UploadNotFound
+from deerflow_web.errors import VersionNotFound
 from deerflow_web.models import UploadLimits
 from deerflow_web.services.files.sizes import human_size
 
@@ -120,6 +122,14 @@ def _describe_more(error: DeerFlowError) -> str:
 _SENTENCES: tuple[tuple[type[DeerFlowError], Callable[[], str]], ...] = (
     (UnsafeFilename, lambda: _("That file name cannot be used. Choose another name.")),
     (InvalidPath, lambda: _("That name or path is not valid.")),
+    (
+        VersionNotFound,
+        lambda: _("That version does not exist any more. It may have been restored or removed."),
+    ),
+    (
+        TrashEntryNotFound,
+        lambda: _("That file is not in the trash any more. It may have been restored or expired."),
+    ),
     (PathTraversal, lambda: _("That path leads outside the thread, so it was refused.")),
     (ArtifactNotFound, lambda: _("That file does not exist. It may have been moved or deleted.")),
     (NotAFile, lambda: _("That is a folder, not a file.")),

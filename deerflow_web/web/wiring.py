@@ -18,6 +18,8 @@ from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.conversion.runner import sweep_stale_work_folders
 from deerflow_web.services.files.share_links import ShareLinks
 from deerflow_web.services.files.thumbnails import Thumbnails
+from deerflow_web.services.history.hooks import ThreadHistory
+from deerflow_web.services.history.hooks import make_history
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.tool_preview import ToolPreviewService
@@ -58,6 +60,8 @@ class Services:
         self.uploads: UploadService = make_upload_service(
             settings.base_dir, settings.limits, self.engine, self.scanner
         )
+        # Versions on every replace, the trash on every delete (issue 27).
+        self.history: ThreadHistory = make_history(self.uploads, settings.history, self.scanner)
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.extractor = ArchiveExtractor(self.uploads, settings.archives)
         self.intake = UploadIntake(

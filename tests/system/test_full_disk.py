@@ -126,7 +126,8 @@ def test_a_delete_on_a_full_disk_frees_the_space_and_takes_the_companion(
     make_app: Any, base_dir: Path, tmp_path: Path
 ) -> None:
     """Deleting is how a full disk is freed: the bytes go first, so the records' write
-    has room."""
+    has room. The trash cannot take the file without room for its row, so on a full disk
+    the delete goes for good, as it did before there was a trash."""
     app = make_app(uploads={"auto_convert_documents": True, "conversion_wait_seconds": 60})
     client = app.test_client()
     body = make_docx(tmp_path / "report.docx").read_bytes()

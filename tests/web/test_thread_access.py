@@ -194,6 +194,7 @@ _VARYING = (
     re.compile(r"\b\d{9,}(?:\.\d+)?\b"),  # POSIX times, ns
     re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
     re.compile(r"/tus/[0-9A-Za-z_-]{16,}"),  # upload ids
+    re.compile(r"\b[0-9a-f]{32}\b"),  # trash entry and version ids
     re.compile(r"[A-Za-z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} [\d:]+ GMT"),  # HTTP dates
     re.compile(r'(?<=name="csrf-token" content=")[^"]*'),  # per session, signed with the time
     re.compile(r'(?<=name="csrf_token" value=")[^"]*'),

@@ -5,7 +5,8 @@ client that names the SHA-256 of the version it opened: a file that changed in b
 refused with 412, so an agent's newer output is never overwritten unseen. The new bytes go
 through the same staging file and atomic rename as uploads (storage/local.py): a reader
 sees the old file or the new one, never a mix, and a link at the name is never written
-through. The replaced file keeps its mode.
+through. The replaced file keeps its mode, and its bytes are kept as a version
+(`services/history`) in the same step.
 
 A 409 "a run is active" exists in DeerFlow, whose gateway runs the agent; this app runs no
 agent runs, so it never answers it.
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from deerflow_web.errors import ArtifactChanged
 from deerflow_web.errors import ArtifactEditTooLarge
@@ -35,6 +37,7 @@ from deerflow_web.errors import NotAFile
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
+from deerflow_web.storage.history import remove_quietly
 from deerflow_web.storage.local import AtomicCommit
 from deerflow_web.storage.local import StagingFile
 from deerflow_web.storage.local import is_disk_full
@@ -48,6 +51,22 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # the file changed. A blocking lock could stall a gevent worker's every other request.
 LOCK_WAIT_SECONDS = 2.0
 LOCK_POLL_SECONDS = 0.01
+
+
+class OutputVersions(Protocol):
+    """Keeps the bytes an edit replaces as a version (`FileVersions.replace_output`)."""
+
+    def replace_output(
+        self,
+        folders: ThreadFolders,
+        name: str,
+        named: Path,
+        staged: Path,
+        commit: AtomicCommit,
+        *,
+        sha256: str,
+        size: int,
+    ) -> list[Path]: ...
 
 
 @dataclass(frozen=True)
@@ -214,6 +233,7 @@ def edit_artifact(
     expected_sha256: str,
     *,
     sleep: Callable[[float], None] = time.sleep,
+    versions: OutputVersions | None = None,
 ) -> EditedArtifact:
     """Replace a text file under outputs/ with `content`, if it is still the opened version.
 
@@ -235,14 +255,30 @@ def edit_artifact(
             named, info
         ):
             raise ArtifactChanged()
-        sha256 = _replace(named, new, stat.S_IMODE(info.st_mode))
+        keep = None
+        if versions is not None:
+            name = shown.removeprefix(EDITABLE_PREFIX)
+
+            def keep(staged: Path, commit: AtomicCommit) -> list[Path]:
+                return versions.replace_output(
+                    thread, name, named, staged, commit, sha256=expected_sha256, size=len(current)
+                )
+
+        sha256 = _replace(named, new, stat.S_IMODE(info.st_mode), keep)
     finally:
         os.close(fd)
     return EditedArtifact(f"/{shown}", sha256, len(new))
 
 
-def _replace(named: Path, new: bytes, mode: int) -> str:
-    """Write `new` beside the file and rename it over the file atomically; its SHA-256."""
+def _replace(
+    named: Path,
+    new: bytes,
+    mode: int,
+    keep: Callable[[Path, AtomicCommit], list[Path]] | None = None,
+) -> str:
+    """Write `new` beside the file and rename it over the file atomically; its SHA-256.
+
+    `keep` makes that rename itself, keeping the old bytes as a version in the same step."""
     try:
         staging = StagingFile(named.parent)
     except OSError as error:
@@ -250,11 +286,15 @@ def _replace(named: Path, new: bytes, mode: int) -> str:
             raise InsufficientStorage(named.name) from error
         raise
     commit = AtomicCommit()
+    let_go: list[Path] = []
     try:
         staging.write(new)
         sha256, _ = staging.finish(named.name)
         os.chmod(staging.path, mode)  # the edited file keeps its permissions
-        commit.rename(staging.path, named)
+        if keep is None:
+            commit.rename(staging.path, named)
+        else:
+            let_go = keep(staging.path, commit)
     except OSError as error:
         staging.discard()
         commit.undo()
@@ -267,4 +307,5 @@ def _replace(named: Path, new: bytes, mode: int) -> str:
         raise
     commit.forget_backups()
     staging.close()
+    remove_quietly(let_go)
     return sha256

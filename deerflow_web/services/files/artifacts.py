@@ -159,12 +159,16 @@ class Artifact:
         return self.content_type
 
 
-def classify(path: Path) -> tuple[str, bool, Presentation | None]:
-    """The file's content type, whether it is markup, and how it may be shown inline."""
-    guessed = TEXT_TYPE_BY_SUFFIX.get(path.suffix.lower())
+def classify(path: Path, name: str | None = None) -> tuple[str, bool, Presentation | None]:
+    """The file's content type, whether it is markup, and how it may be shown inline.
+
+    `name`: the name it is shown under, when the bytes are stored under another one (a
+    version's file is named by its id)."""
+    named = Path(name) if name is not None else path
+    guessed = TEXT_TYPE_BY_SUFFIX.get(named.suffix.lower())
     if guessed is None:
-        guessed, _ = mimetypes.guess_type(path.name, strict=False)
-    active = is_markup(guessed, path.suffix)
+        guessed, _ = mimetypes.guess_type(named.name, strict=False)
+    active = is_markup(guessed, named.suffix)
     if guessed and guessed.startswith("text/"):
         content_type, text = guessed, True
     elif not _is_binary(path):

@@ -46,6 +46,7 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import threads
 from deerflow_web.storage.database import write_transaction
+from deerflow_web.storage.history import delete_scope
 from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.paths import ref_of
 
@@ -377,7 +378,8 @@ class ThreadCatalog:
 
     def delete(self, thread: Thread) -> None:
         """Remove the thread with everything it holds: its folder (uploads, outputs,
-        workspace), upload records, unfinished resumable uploads and preview turns.
+        workspace, the history of versions and trash), upload records, history rows,
+        unfinished resumable uploads and preview turns.
 
         The folder is first renamed out of the layout in one step, so from that moment
         the thread is gone for every reader, and a half-finished removal (a crash) never
@@ -399,6 +401,7 @@ class ThreadCatalog:
         with self._uploads.records.locked(folders.scope) as txn:
             for stored in txn.all():
                 txn.delete(stored.record.filename)
+            delete_scope(txn.connection, folders.scope)  # its versions and trash go with it
         self._previews.clear(ref)
         with write_transaction(self.engine) as db:
             condition = resumable_uploads.c.thread_id == ref.thread_id

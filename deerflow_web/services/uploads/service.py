@@ -40,6 +40,7 @@ from deerflow_web.errors import TotalTooLarge
 from deerflow_web.errors import UnsafeFilename
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import DOCUMENT_EXTENSIONS
+from deerflow_web.models import Area
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import OnConflict
 from deerflow_web.models import RecordSource
@@ -57,6 +58,7 @@ from deerflow_web.storage.filenames import first_free_name
 from deerflow_web.storage.filenames import is_companion_name
 from deerflow_web.storage.filenames import normalize_filename
 from deerflow_web.storage.filenames import reported_original
+from deerflow_web.storage.history import remove_quietly
 from deerflow_web.storage.local import AtomicCommit
 from deerflow_web.storage.local import FileFacts
 from deerflow_web.storage.local import StagingFile
@@ -156,6 +158,51 @@ class ContentScanner(Protocol):
     """Opens a scan per file; None on the service when scanning is off."""
 
     def open(self, filename: str) -> ContentScan: ...
+
+
+class FileHistory(Protocol):
+    """Versions of replaced files and the trash of deleted ones (`services/history`);
+    None on the service: a replace or a delete keeps nothing."""
+
+    @property
+    def trash_enabled(self) -> bool: ...
+
+    def keep_version(
+        self,
+        txn: RecordsTransaction,
+        folders: ThreadFolders,
+        commit: AtomicCommit,
+        *,
+        area: Area,
+        name: str,
+        current: Path,
+        sha256: str,
+        size: int,
+        content_type: str | None,
+    ) -> list[Path]:
+        """Keep the bytes at `current` as a version of `name`, in the transaction, before
+        they are replaced; return the history files thinning let go, to remove once the
+        transaction has committed."""
+        ...
+
+    def trash(
+        self,
+        txn: RecordsTransaction,
+        folders: ThreadFolders,
+        commit: AtomicCommit,
+        stored: list[StoredRecord],
+    ) -> str:
+        """Move the files of `stored` (a file, then its companions) into the trash, in the
+        transaction; return the trash entry's id."""
+        ...
+
+    def renamed(self, txn: RecordsTransaction, folders: ThreadFolders, old: str, new: str) -> None:
+        """The versions of `old` follow the file to its new name."""
+        ...
+
+    def forget(self, txn: RecordsTransaction, folders: ThreadFolders, name: str) -> list[Path]:
+        """Drop the versions of `name` (deleted for good); return their files to remove."""
+        ...
 
 
 class Staging(Protocol):
@@ -401,6 +448,7 @@ class UploadService:
         self.records = records
         self.limits = limits
         self.scanner = scanner  # None: scanning is off
+        self.history: FileHistory | None = None  # set by the wiring: versions and trash
         self._clock = clock
         # scope -> (folder signature, monotonic time) of the last scan that matched records
         self._verified: OrderedDict[str, tuple[tuple[int, int, int], float]] = OrderedDict()
@@ -508,7 +556,8 @@ class UploadService:
         commit = AtomicCommit()
         saved: list[SavedFile] = []
         current = ""
-        with _all_or_nothing(commit, lambda: current, lambda: f"Failed to upload {current}"):
+        let_go: list[Path] = []  # history files thinning dropped, removed once committed
+        with all_or_nothing(commit, lambda: current, lambda: f"Failed to upload {current}"):
             with self.records.locked(folders.scope) as txn:
                 # Streaming took a while: a link planted meanwhile is refused before any
                 # rename goes through it.
@@ -528,6 +577,25 @@ class UploadService:
                         batch.skipped.append(item.name)
                         continue
                     previous = known[item.name] if item.name in known else txn.get(item.name)
+                    if (
+                        self.history is not None
+                        and previous is not None
+                        and previous.record.sha256 != item.sha256
+                        and os.path.lexists(dest)
+                    ):
+                        # The bytes being replaced stay reachable as a version: a second
+                        # name (a link, no copy) made before the rename, undone with it.
+                        let_go += self.history.keep_version(
+                            txn,
+                            folders,
+                            commit,
+                            area=Area.UPLOADS,
+                            name=item.name,
+                            current=dest,
+                            sha256=previous.record.sha256,
+                            size=previous.record.size,
+                            content_type=previous.record.content_type,
+                        )
                     commit.rename(item.staging.path, dest)
                     committed.add(item.name)
                     if previous is not None and previous.record.sha256 != item.sha256:
@@ -544,6 +612,7 @@ class UploadService:
                     then(txn, saved)
         for item in batch.staged:
             item.staging.close()  # held (locked) until the records said so too
+        remove_quietly(let_go)
         return saved
 
     def _stored_in_place(self, dest: Path, item: _Staged) -> StoredRecord:
@@ -672,17 +741,31 @@ class UploadService:
                 return record
         raise UploadNotFound(filename)
 
-    def delete_upload(self, thread: Thread, filename: str) -> list[str]:
+    def delete_upload(self, thread: Thread, filename: str, *, permanent: bool = False) -> list[str]:
         """Delete one upload and the companion conversion made from it; return what went.
 
-        A symlink is never followed (SPEC D7): it is reported as not found. A `.md` the
-        user uploaded is never removed by the cascade (D8).
+        With the trash on (and not `permanent`) both are moved into the thread's trash,
+        from where they can be restored; otherwise (and on a full disk, where a delete is
+        how space is freed) they are deleted for good, with the file's versions. A symlink
+        is never followed (SPEC D7): it is reported as not found. A `.md` the user uploaded
+        is never removed by the cascade (D8).
         """
         _check_single_segment(filename)
         folders = self.folders(thread)
         folder = folders.uploads_dir()
         self._require_regular_file(folder / filename, filename)
         self.list_uploads(folders)  # fresh records: the cascade relies on them
+        if self.history is not None and self.history.trash_enabled and not permanent:
+            try:
+                return self._trash_upload(folders, filename)
+            except (InsufficientStorage, DBAPIError, sqlite3.Error) as error:
+                if not isinstance(error, InsufficientStorage) and not is_storage_full(error):
+                    raise
+                # Nothing was moved (the step was undone). On a full disk deleting is how
+                # space is freed, and the trash cannot take the file without room for its
+                # row: the delete goes for good, as it did before there was a trash.
+                logger.warning("storage full: %s deleted for good, not into the trash", filename)
+        let_go: list[Path] = []
         # The bytes go first: on a full disk, deleting is how space is freed, and the
         # records' write then has room (a record left behind is dropped by the next
         # listing's reconciliation).
@@ -695,7 +778,32 @@ class UploadService:
             except OSError as error:
                 raise StorageFailure(f"Failed to delete {filename}: {error}") from error
             txn.delete(filename)
-            return [filename, *self._drop_companions(txn, folder, filename)]
+            if self.history is not None:
+                let_go = self.history.forget(txn, folders, filename)
+            gone = [filename, *self._drop_companions(txn, folder, filename)]
+        remove_quietly(let_go)
+        return gone
+
+    def _trash_upload(self, folders: ThreadFolders, filename: str) -> list[str]:
+        """Move an upload and its companions into the trash, records and all, in one step."""
+        assert self.history is not None
+        folder = folders.uploads_dir()
+        folders.forget_records()
+        commit = AtomicCommit()
+        with all_or_nothing(commit, lambda: filename, lambda: f"Failed to delete {filename}"):
+            with self.records.locked(folders.scope) as txn:
+                stored = txn.get(filename)
+                if stored is None or not os.path.lexists(folder / filename):
+                    raise UploadNotFound(filename)
+                companions = self._companions(txn, filename)
+                # A companion whose name became a link or a folder loses its record only,
+                # as a delete's cascade does (`_drop_companions`).
+                moved = [c for c in companions if _is_present_file(folder / c.record.filename)]
+                self.history.trash(txn, folders, commit, [stored, *moved])
+                names = [filename, *(c.record.filename for c in companions)]
+                for name in names:
+                    txn.delete(name)
+        return names
 
     def quarantine_upload(
         self, thread: Thread, filename: str, sha256: str, destination: Path
@@ -728,10 +836,8 @@ class UploadService:
         """Delete the `.md` files converted from `original`; return their names. With
         `commit`, each is only set aside until the commit holds (`AtomicCommit.remove`)."""
         dropped = []
-        for stored in txn.companion_candidates(original, companion_name(original)):
+        for stored in self._companions(txn, original):
             record = stored.record
-            if record.filename == original or not _is_companion_of(record, original):
-                continue
             path = folder / record.filename
             if is_safe_destination(path) and path.exists():
                 if commit is None:
@@ -741,6 +847,15 @@ class UploadService:
             txn.delete(record.filename)
             dropped.append(record.filename)
         return dropped
+
+    @staticmethod
+    def _companions(txn: RecordsTransaction, original: str) -> list[StoredRecord]:
+        """The records of the `.md` files converted from `original` (D8)."""
+        return [
+            stored
+            for stored in txn.companion_candidates(original, companion_name(original))
+            if stored.record.filename != original and _is_companion_of(stored.record, original)
+        ]
 
     def rename_upload(
         self,
@@ -769,16 +884,31 @@ class UploadService:
         # journal that cannot grow on a full disk): `commit` then moves the file back and
         # whatever it replaced back into place, so disk and records stay as they were.
         commit = AtomicCommit()
+        let_go: list[Path] = []
         folders.forget_records()
-        with _all_or_nothing(commit, lambda: target, lambda: f"Failed to rename {filename}"):
+        with all_or_nothing(commit, lambda: target, lambda: f"Failed to rename {filename}"):
             with self.records.locked(folders.scope) as txn:
                 stored = txn.get(filename)
                 if stored is None:  # not listed, e.g. a hard link to a file outside the thread
                     raise UploadNotFound(filename)
                 target = self._rename_target(txn, folder, target, OnConflict(on_conflict))
-                if txn.get(target) is not None:
+                if (replaced := txn.get(target)) is not None:
                     self._drop_companions(txn, folder, target, commit)
                     txn.delete(target)
+                    if self.history is not None and os.path.lexists(folder / target):
+                        let_go += self.history.keep_version(
+                            txn,
+                            folders,
+                            commit,
+                            area=Area.UPLOADS,
+                            name=target,
+                            current=folder / target,
+                            sha256=replaced.record.sha256,
+                            size=replaced.record.size,
+                            content_type=replaced.record.content_type,
+                        )
+                if self.history is not None:
+                    self.history.renamed(txn, folders, filename, target)
                 commit.rename(folder / filename, folder / target)
                 txn.delete(filename)
                 info = (folder / target).lstat()
@@ -788,6 +918,7 @@ class UploadService:
                     if other.record.converted_from == filename:
                         companion = replace(other.record, converted_from=target)
                         txn.put(replace(other, record=companion))
+        remove_quietly(let_go)
         return record
 
     @staticmethod
@@ -821,7 +952,7 @@ class UploadService:
 
 
 @contextmanager
-def _all_or_nothing(
+def all_or_nothing(
     commit: AtomicCommit, name: Callable[[], str], failure: Callable[[], str]
 ) -> Iterator[None]:
     """Keep the block's renames only if all of it succeeds, the records' transaction too.
@@ -905,6 +1036,10 @@ def _is_companion_of(record: UploadRecord, original: str) -> bool:
         and PurePosixPath(original).suffix.lower() in DOCUMENT_EXTENSIONS
         and is_companion_name(record.filename, original)
     )
+
+
+def _is_present_file(path: Path) -> bool:
+    return os.path.lexists(path) and is_safe_destination(path)
 
 
 def _check_single_segment(filename: str) -> None:

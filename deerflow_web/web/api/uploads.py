@@ -24,6 +24,7 @@ from deerflow_web.services.files.artifact_edit import parse_edit
 from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
+from deerflow_web.web.api import history as history_api
 from deerflow_web.web.api import threads as threads_api
 from deerflow_web.web.api import tus
 from deerflow_web.web.marks import thread_may_be_new
@@ -41,6 +42,7 @@ EDIT_BODY_LIMIT = 6 * MAX_EDITABLE_BYTES + 64 * 1024
 # every route under /api/: web/security.py.)
 bp.register_blueprint(tus.bp)
 bp.register_blueprint(threads_api.bp)
+bp.register_blueprint(history_api.bp)
 
 
 class VirtualPathConverter(PathConverter):
@@ -104,8 +106,10 @@ def list_uploads() -> ResponseReturnValue:
 
 @bp.delete("/threads/<thread_id>/uploads/<filename>")
 def delete_upload(filename: str) -> ResponseReturnValue:
-    """Delete one upload and the Markdown companion converted from it."""
-    get_upload_service().delete_upload(current_thread(), filename)
+    """Move one upload and the Markdown companion converted from it into the thread's
+    trash (DeerFlow's answer unchanged); `permanent=true` deletes them for good."""
+    permanent = _query_bool("permanent")
+    get_upload_service().delete_upload(current_thread(), filename, permanent=permanent)
     return {"success": True, "message": f"Deleted {filename}"}
 
 
@@ -218,5 +222,12 @@ def edit_artifact_content(virtual_path: str) -> ResponseReturnValue:
     content, expected_sha256 = parse_edit(body)
     if (scanner := get_services().scanner) is not None:  # refuses what it finds, or 503
         scanner.require_clean(content.encode("utf-8"), virtual_path.rsplit("/", 1)[-1])
-    edited = edit_artifact(current_thread(), virtual_path, content, expected_sha256)
+    versions = get_services().history.versions
+    edited = edit_artifact(
+        current_thread(),
+        virtual_path,
+        content,
+        expected_sha256,
+        versions=versions if versions.enabled else None,
+    )
     return edited.as_dict()

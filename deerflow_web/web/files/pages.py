@@ -51,6 +51,7 @@ from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.web import helpers
 from deerflow_web.web.errors import status_for
 from deerflow_web.web.extensions import csrf
+from deerflow_web.web.files import history
 from deerflow_web.web.files.forms import ConvertForm
 from deerflow_web.web.files.forms import DeleteForm
 from deerflow_web.web.files.forms import DeleteThreadForm
@@ -216,6 +217,8 @@ def thread_files() -> ResponseReturnValue:
         share_links=get_services().share_links.list_for_thread(thread.ref),
         share_lifetimes=SHARE_LIFETIMES,
         now=time.time(),
+        undo=history.pop_undo(thread_id),
+        trash_count=len(get_services().history.trash_bin.list(thread)),
     )
     response = make_response(page)
     if any(key in request.args for key in REMEMBERED):  # a choice made now: keep it
@@ -265,6 +268,7 @@ def delete_files() -> ResponseReturnValue:
         )
     service = get_upload_service()
     result = delete_uploads(service, thread, filenames)
+    history.remember_undo(thread_id, result.deleted)
     if result.deleted:
         flash(
             ngettext(

@@ -1,0 +1,1 @@
+"""A thread's history: versions of replaced files and the trash of deleted ones (issue 27)."""
