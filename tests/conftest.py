@@ -209,6 +209,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         auth: dict[str, Any] | None = None,
         server: dict[str, Any] | None = None,
         scanning: dict[str, Any] | None = None,
+        quotas: dict[str, Any] | None = None,
+        retention: dict[str, Any] | None = None,
         test_user: bool = True,
         **overrides: Any,
     ) -> Flask:
@@ -226,6 +228,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
                 ("auth", auth),
                 ("server", server),
                 ("scanning", scanning),
+                ("quotas", quotas),
+                ("retention", retention),
             )
             if value is not None
         }
@@ -247,6 +251,7 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         services.conversions.stop_keeper()
         if services.rescans is not None:
             services.rescans.stop()
+        services.retention.stop()
         services.engine.dispose()
 
 

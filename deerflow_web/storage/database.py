@@ -276,6 +276,16 @@ share_links = Table(
     Index("ix_share_links_thread", "user_id", "thread_id"),
 )
 
+user_quotas = Table(
+    "user_quotas",
+    metadata,
+    # An admin's override of one account's storage quota (`quotas.default_bytes` applies to
+    # everyone without a row). `quota_bytes` NULL: unlimited for this account.
+    Column("user_id", String(36), ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    Column("quota_bytes", BigInteger),
+    Column("updated_at", Float, nullable=False),
+)
+
 share_link_hits = Table(
     "share_link_hits",
     metadata,

@@ -29,6 +29,7 @@ from deerflow_web.errors import AuthError
 from deerflow_web.errors import ChecksumMismatch
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionOverQuota
 from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import DeerFlowError
@@ -40,6 +41,7 @@ from deerflow_web.errors import InvalidEmail
 from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import InvalidOption
 from deerflow_web.errors import InvalidPath
+from deerflow_web.errors import InvalidQuota
 from deerflow_web.errors import InvalidTusRequest
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import LockedOut
@@ -54,6 +56,7 @@ from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import PathTraversal
 from deerflow_web.errors import PendingUploadsCap
 from deerflow_web.errors import PermissionDenied
+from deerflow_web.errors import QuotaExceeded
 from deerflow_web.errors import RegistrationDisabled
 from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import ResumableExpired
@@ -105,6 +108,9 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     TooManyFiles: 413,
     FileTooLarge: 413,
     TotalTooLarge: 413,
+    QuotaExceeded: 413,  # the owner's storage quota (issue 27)
+    InvalidQuota: 400,
+    ConversionOverQuota: 413,
     ConversionError: 422,
     NotAnArchive: 400,
     ArchiveRefused: 422,

@@ -49,6 +49,7 @@ from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
+from deerflow_web.services.quotas.policy import QuotaPolicy
 from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import ClaimedNames
@@ -396,11 +397,13 @@ class UploadService:
         *,
         clock: Callable[[], float] = time.time,
         scanner: ContentScanner | None = None,
+        quotas: QuotaPolicy | None = None,
     ) -> None:
         self.paths = paths
         self.records = records
         self.limits = limits
         self.scanner = scanner  # None: scanning is off
+        self.quotas = quotas  # None: nobody's storage is bounded
         self._clock = clock
         # scope -> (folder signature, monotonic time) of the last scan that matched records
         self._verified: OrderedDict[str, tuple[tuple[int, int, int], float]] = OrderedDict()
@@ -510,6 +513,13 @@ class UploadService:
         current = ""
         with _all_or_nothing(commit, lambda: current, lambda: f"Failed to upload {current}"):
             with self.records.locked(folders.scope) as txn:
+                # The owner's quota, checked in this transaction once its writes are in
+                # (a refusal rolls it back and the renames with it).
+                admission = (
+                    self.quotas.admit(txn.connection, folders.ref.user_id)
+                    if self.quotas is not None
+                    else None
+                )
                 # Streaming took a while: a link planted meanwhile is refused before any
                 # rename goes through it.
                 folders.recheck(batch.folder)
@@ -542,6 +552,8 @@ class UploadService:
                 txn.put_many(written)
                 if then is not None and saved:
                     then(txn, saved)
+                if admission is not None and saved:
+                    admission.check(sum(s.record.size for s in saved))
         for item in batch.staged:
             item.staging.close()  # held (locked) until the records said so too
         return saved
@@ -917,6 +929,7 @@ def make_upload_service(
     limits: UploadLimits | None = None,
     engine: Engine | None = None,
     scanner: ContentScanner | None = None,
+    quotas: QuotaPolicy | None = None,
 ) -> UploadService:
     """Build the service over a data dir: the one place storage objects are assembled.
 
@@ -925,4 +938,4 @@ def make_upload_service(
     """
     paths = ThreadPaths(base_dir)
     records = DatabaseUploadRecords(engine or open_database(paths.base_dir))
-    return UploadService(paths, records, limits or UploadLimits(), scanner=scanner)
+    return UploadService(paths, records, limits or UploadLimits(), scanner=scanner, quotas=quotas)

@@ -218,5 +218,11 @@ def edit_artifact_content(virtual_path: str) -> ResponseReturnValue:
     content, expected_sha256 = parse_edit(body)
     if (scanner := get_services().scanner) is not None:  # refuses what it finds, or 503
         scanner.require_clean(content.encode("utf-8"), virtual_path.rsplit("/", 1)[-1])
-    edited = edit_artifact(current_thread(), virtual_path, content, expected_sha256)
+    edited = edit_artifact(
+        current_thread(),
+        virtual_path,
+        content,
+        expected_sha256,
+        quotas=get_upload_service().quotas,
+    )
     return edited.as_dict()

@@ -1,0 +1,34 @@
+"""Per-user storage quotas: an admin's override of the configured default, per account.
+
+Revision ID: 0010
+Revises: 0009
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0010"
+down_revision = "0009"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "user_quotas",
+        sa.Column(
+            "user_id",
+            sa.String(36),
+            sa.ForeignKey("users.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("quota_bytes", sa.BigInteger),
+        sa.Column("updated_at", sa.Float, nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("user_quotas")
