@@ -33,6 +33,7 @@ from dataclasses import field
 from sqlalchemy import func
 from sqlalchemy import select
 
+from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import SINGLE_USER
@@ -201,7 +202,10 @@ class RetentionSweeper:
         """Threads whose row was not updated since `cutoff`, folders adopted first (a
         folder without a row is dated by the folder)."""
         for owner in self._owners():
-            self.catalog.all(owner)  # adopts folders made without a row
+            try:
+                self.catalog.all(owner)  # adopts folders made without a row
+            except (InvalidUserId, UnsafeFolder):
+                continue  # a folder no account can own, or one reached through a link
         with self.engine.connect() as db:
             rows = db.execute(
                 select(threads.c.user_id, threads.c.thread_id).where(threads.c.updated_at < cutoff)
@@ -223,9 +227,8 @@ class RetentionSweeper:
             owners.add(SINGLE_USER)
         users_dir = paths.base_dir / "users"
         if users_dir.is_dir():
-            owners.update(
-                entry.name for entry in os.scandir(users_dir) if entry.is_dir(follow_symlinks=False)
-            )
+            with os.scandir(users_dir) as entries:
+                owners.update(e.name for e in entries if e.is_dir(follow_symlinks=False))
         return owners
 
     def _upload_in_progress(self, ref: ThreadRef) -> bool:
@@ -248,7 +251,8 @@ class RetentionSweeper:
             return True
         try:
             folder = self.catalog.paths.uploads_dir(ref)
-            return any(is_staging_name(entry.name) for entry in os.scandir(folder))
+            with os.scandir(folder) as entries:
+                return any(is_staging_name(entry.name) for entry in entries)
         except (FileNotFoundError, NotADirectoryError):
             return False
         except UnsafeFolder:
