@@ -667,7 +667,8 @@ class ConversionJobs:
             )
             txn.put(replace(original, record=done))
             if admission is not None:  # over: rolled back, the Markdown moved back out
-                admission.check(info.st_size)
+                replaced = previous.size if previous and previous.filename == name else 0
+                admission.check(info.st_size, replaced)
             final = [s.record for s in txn.all()]
         # Committed: what it left is what the caller's next read of the handle sees.
         folders.remember_records(final)

@@ -4,9 +4,9 @@ An owner's quota is the admin's override for their account when there is one, el
 `quotas.default_bytes` (None: unlimited); the single-user mode has one owner and the same
 rule. A write is admitted when, in the transaction that makes it, the owner's usage after
 it is within the quota, or the write did not make the usage grow (a smaller replacement,
-a deletion's companion cleanup: nobody is stopped from shrinking). The owner's lock is
-taken first (`storage/quotas.py`), so two writers for one owner, on any instances, read
-and check one after the other and cannot together go over.
+a finished resumable upload whose length was reserved: nobody is stopped from shrinking).
+The owner's lock is taken first (`storage/quotas.py`), so two writers for one owner, on
+any instances, read and check one after the other and cannot together go over.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def refusal(used: int, quota: int, needed: int) -> QuotaExceeded:
 
 
 class Admission:
-    """One write's check, inside its transaction: the usage before it was read under the
-    owner's lock; `check` reads it again once the write is in (uncommitted)."""
+    """One write's check, inside its transaction, under the owner's lock: `check` reads
+    the usage once the write is in (uncommitted) and refuses what went over."""
 
     def __init__(self, db: Connection, owner: str, quota: int, now: float) -> None:
         self._db = db
@@ -84,18 +84,19 @@ class Admission:
         self._now = now
         self.quota = quota
         lock_owner(db, owner)
-        self.before = stored_bytes(db, owner, now)
 
-    def check(self, needed: int) -> None:
-        """Refuse (raise, so the transaction rolls back) when the write took the usage
-        over the quota and made it grow. `needed` is what the message says it needs.
+    def check(self, added: int, released: int = 0) -> None:
+        """Refuse (raise, so the transaction rolls back) when the usage is now over the
+        quota and the write made it grow: it `added` bytes and `released` others (the
+        files it replaced, the reservation it used up). One sum, after the write: the
+        usage before is the one after less what the write changed.
 
         Raises:
             QuotaExceeded
         """
         after = stored_bytes(self._db, self._owner, self._now)
-        if after > self.quota and after > self.before:
-            raise refusal(self.before, self.quota, max(needed, after - self.before))
+        if after > self.quota and added > released:
+            raise refusal(after - (added - released), self.quota, added)
 
 
 class QuotaPolicy:

@@ -506,6 +506,7 @@ class ResumableUploadService:
                 content_type=content_type,
                 on_conflict=OnConflict(upload.on_conflict),
                 then=mark_committed,
+                reserved=upload.length,  # held for it since its creation
             )
         except (NameConflict, UnsafeFilename, InfectedFile, TooLargeToScan, QuotaExceeded):
             staging.discard()

@@ -462,6 +462,7 @@ class UploadService:
         on_conflict: OnConflict = OnConflict.REPLACE,
         then: AlsoInCommit | None = None,
         verdict: ScanVerdict | None = None,
+        reserved: int = 0,
     ) -> UploadResult:
         """Commit one file staged elsewhere (a finished resumable upload) exactly as a
         multipart part is committed: the same naming, conflict, record and duplicate rules.
@@ -469,7 +470,8 @@ class UploadService:
         The staging file must sit in the thread's uploads folder. Renamed into place on
         success; otherwise left where it is, for the caller to discard (a refusal) or to
         commit again later (a failure: a database outage, a full disk). `then` writes in
-        the commit's own transaction.
+        the commit's own transaction (where it releases the `reserved` bytes the quota
+        held for the file, see `_commit`).
 
         Raises:
             NameConflict: `reject` and the name exists now.
@@ -483,7 +485,7 @@ class UploadService:
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         batch.staged[-1].verdict = verdict
         try:
-            saved = self._commit(folders, batch, then)
+            saved = self._commit(folders, batch, then, reserved)
         finally:
             folders.forget_records()
         if not saved:
@@ -495,6 +497,7 @@ class UploadService:
         folders: ThreadFolders,
         batch: _UploadBatch,
         then: AlsoInCommit | None = None,
+        reserved: int = 0,
     ) -> list[SavedFile]:
         """Rename the batch's staging files into place and write their records, as one step.
 
@@ -503,7 +506,9 @@ class UploadService:
         records as they are now: a name another request committed while this one streamed
         is taken, so `rename` numbers past it, `reject` refuses, and `replace` replaces it
         with this request's bytes and a record of those bytes (`_commit_name`). `then`
-        writes in the same transaction, once something was stored. A failure anywhere,
+        writes in the same transaction, once something was stored. The owner's quota is
+        checked last, in the transaction, against what the commit added less what it
+        replaced and the `reserved` bytes `then` released. A failure anywhere,
         the transaction's own commit included, moves every file back to its staging name
         and every replaced or removed file back into place, so disk and records stay as
         they were.
@@ -530,6 +535,7 @@ class UploadService:
                 known = txn.get_many(item.name for item in batch.staged)
                 written: list[StoredRecord] = []
                 committed: set[str] = set()
+                released = reserved  # bytes the commit frees, for the quota's check
                 for item in batch.staged:
                     item.name = current = _commit_name(txn, batch, item, committed)
                     dest = batch.folder / item.name
@@ -538,13 +544,17 @@ class UploadService:
                         batch.skipped.append(item.name)
                         continue
                     previous = known[item.name] if item.name in known else txn.get(item.name)
+                    if previous is not None:
+                        released += previous.record.size
                     commit.rename(item.staging.path, dest)
                     committed.add(item.name)
                     if previous is not None and previous.record.sha256 != item.sha256:
                         txn.put_many(written)  # a companion may be among them
                         written.clear()
-                        dropped = self._drop_companions(txn, batch.folder, item.name, commit)
+                        freed: list[int] = []
+                        dropped = self._drop_companions(txn, batch.folder, item.name, commit, freed)
                         known.update(dict.fromkeys(dropped))
+                        released += sum(freed)
                     stored = self._stored_in_place(dest, item)
                     written.append(stored)
                     saved.append(SavedFile(stored.record, seen.get(item.sha256)))
@@ -553,7 +563,7 @@ class UploadService:
                 if then is not None and saved:
                     then(txn, saved)
                 if admission is not None and saved:
-                    admission.check(sum(s.record.size for s in saved))
+                    admission.check(sum(s.record.size for s in saved), released)
         for item in batch.staged:
             item.staging.close()  # held (locked) until the records said so too
         return saved
@@ -736,9 +746,11 @@ class UploadService:
         folder: Path,
         original: str,
         commit: AtomicCommit | None = None,
+        sizes: list[int] | None = None,
     ) -> list[str]:
-        """Delete the `.md` files converted from `original`; return their names. With
-        `commit`, each is only set aside until the commit holds (`AtomicCommit.remove`)."""
+        """Delete the `.md` files converted from `original`; return their names (and add
+        their sizes to `sizes`). With `commit`, each is only set aside until the commit
+        holds (`AtomicCommit.remove`)."""
         dropped = []
         for stored in txn.companion_candidates(original, companion_name(original)):
             record = stored.record
@@ -752,6 +764,8 @@ class UploadService:
                     commit.remove(path)
             txn.delete(record.filename)
             dropped.append(record.filename)
+            if sizes is not None:
+                sizes.append(record.size)
         return dropped
 
     def rename_upload(

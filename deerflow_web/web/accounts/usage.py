@@ -1,14 +1,20 @@
-"""Storage usage for people: the header line of every page, `usage` in `/auth/me`, and the
-admins' quota settings (page and API). The rules are `services/quotas`'."""
+"""Storage usage for people: the line in every page's header, and the usage `/auth/me` and
+the admin views show. The rules and the arithmetic are `services/quotas`'."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+
 from flask import Flask
 from flask import g
+from sqlalchemy.exc import DBAPIError
 
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.services.quotas.policy import Usage
 from deerflow_web.web.wiring import get_services
+
+logger = logging.getLogger(__name__)
 
 
 def owner_usage(owner: str) -> Usage:
@@ -23,11 +29,16 @@ def header_usage() -> Usage | None:
     from deerflow_web.web.accounts.gate import signed_in
 
     if "header_usage" not in g:
-        if not auth_enabled():
-            g.header_usage = owner_usage(SINGLE_USER)
-        else:
-            user = signed_in()
-            g.header_usage = owner_usage(user.id) if user is not None else None
+        g.header_usage = None
+        try:
+            if not auth_enabled():
+                g.header_usage = owner_usage(SINGLE_USER)
+            elif (user := signed_in()) is not None:
+                g.header_usage = owner_usage(user.id)
+        except (DBAPIError, sqlite3.Error):
+            # The database is out of reach: the page (often the error page saying so)
+            # still renders, without the line.
+            logger.warning("storage usage not shown: database unavailable")
     return g.header_usage
 
 
