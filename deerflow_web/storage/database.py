@@ -299,6 +299,22 @@ share_link_hits = Table(
 )
 
 
+def seed_record_versions(db: Connection) -> None:
+    """Give every thread with records and no `record_versions` row one (version 1): rows
+    copied in from elsewhere (a migration, an import of an earlier release's file) are
+    then covered by the version every later write bumps."""
+    from sqlalchemy import exists
+    from sqlalchemy import literal
+    from sqlalchemy import select
+
+    missing = (
+        select(uploads.c.scope, literal(1))
+        .where(~exists().where(record_versions.c.scope == uploads.c.scope))
+        .distinct()
+    )
+    db.execute(record_versions.insert().from_select(["scope", "version"], missing))
+
+
 class DatabaseUnavailable(Exception):
     """The database cannot be reached right now; the request may be retried later."""
 

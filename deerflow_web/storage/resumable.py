@@ -75,7 +75,7 @@ class PendingCaps:
 class WriteCheck(Protocol):
     """One write's quota check, made once the write is in its transaction."""
 
-    def check(self, added: int, released: int = 0) -> None: ...
+    def check(self, added: int, released: int = 0, reserved: int = 0) -> None: ...
 
 
 class QuotaGate(Protocol):

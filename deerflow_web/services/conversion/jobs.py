@@ -631,7 +631,9 @@ class ConversionJobs:
             original = txn.get(filename)
             if original is None or original.record.sha256 != sha256:
                 return  # replaced or deleted while converting: the result is stale
-            admission = quotas.admit(txn.connection, folders.ref.user_id) if quotas else None
+            admission = (
+                quotas.admit(txn.connection, folders.ref.user_id, folders.scope) if quotas else None
+            )
             previous = next(
                 (s.record for s in txn.all() if s.record.converted_from == filename), None
             )
@@ -670,6 +672,8 @@ class ConversionJobs:
                 replaced = previous.size if previous and previous.filename == name else 0
                 admission.check(info.st_size, replaced)
             final = [s.record for s in txn.all()]
+        if admission is not None:
+            admission.committed()
         # Committed: what it left is what the caller's next read of the handle sees.
         folders.remember_records(final)
 

@@ -22,6 +22,9 @@ from deerflow_web.errors import InvalidQuota
 from deerflow_web.errors import QuotaExceeded
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.services.files.sizes import human_size
+from deerflow_web.services.quotas.usage import ThreadSums
+from deerflow_web.services.quotas.usage import scope_bytes
+from deerflow_web.services.quotas.usage import scope_version
 from deerflow_web.services.quotas.usage import stored_bytes
 from deerflow_web.storage.quotas import QuotaOverrides
 from deerflow_web.storage.quotas import lock_owner
@@ -76,27 +79,66 @@ def refusal(used: int, quota: int, needed: int) -> QuotaExceeded:
 
 class Admission:
     """One write's check, inside its transaction, under the owner's lock: `check` reads
-    the usage once the write is in (uncommitted) and refuses what went over."""
+    the usage once the write is in (uncommitted) and refuses what went over.
 
-    def __init__(self, db: Connection, owner: str, quota: int, now: float) -> None:
+    `scope` is the thread whose records the transaction writes (None: none, a resumable
+    upload's creation). Its sum before the write is the one kept for the version before
+    the transaction's own bump, when there is one; the write's own change is then added
+    to it, so a commit never sums its whole thread (and `committed` keeps the result).
+    """
+
+    def __init__(
+        self,
+        db: Connection,
+        owner: str,
+        quota: int,
+        now: float,
+        sums: ThreadSums,
+        scope: str | None = None,
+    ) -> None:
         self._db = db
         self._owner = owner
         self._now = now
+        self._sums = sums
+        self._scope = scope
         self.quota = quota
         lock_owner(db, owner)
+        self._version: int | None = None
+        self._before: int | None = None
+        if scope is not None:
+            # The transaction bumped the version once (`records.locked`), after the
+            # version whose sum may be kept.
+            self._version = scope_version(db, scope)
+            if self._version is not None:
+                self._before = sums.get(scope, self._version - 1)
+        self._after: int | None = None
 
-    def check(self, added: int, released: int = 0) -> None:
+    def check(self, added: int, released: int = 0, reserved: int = 0) -> None:
         """Refuse (raise, so the transaction rolls back) when the usage is now over the
-        quota and the write made it grow: it `added` bytes and `released` others (the
-        files it replaced, the reservation it used up). One sum, after the write: the
-        usage before is the one after less what the write changed.
+        quota and the write made it grow. The write `added` bytes to its thread's records
+        and `released` others there (the files it replaced, their companions); `reserved`
+        is the resumable upload's declared length it used up (not in the records).
 
         Raises:
             QuotaExceeded
         """
-        after = stored_bytes(self._db, self._owner, self._now)
-        if after > self.quota and added > released:
-            raise refusal(after - (added - released), self.quota, added)
+        own = None
+        if self._scope is not None:
+            if self._before is not None:
+                mine = self._before + added - released
+            else:
+                mine = scope_bytes(self._db, self._scope)
+            self._after = mine
+            own = (self._scope, mine)
+        after = stored_bytes(self._db, self._owner, self._now, sums=self._sums, own=own)
+        grew = added - released - reserved
+        if after > self.quota and grew > 0:
+            raise refusal(after - grew, self.quota, added)
+
+    def committed(self) -> None:
+        """The transaction committed: keep the thread's sum for its new version."""
+        if self._scope is not None and self._version is not None and self._after is not None:
+            self._sums.put(self._scope, self._version, self._after)
 
 
 class QuotaPolicy:
@@ -112,6 +154,7 @@ class QuotaPolicy:
         self.engine = engine
         self.default_bytes = default_bytes
         self.overrides = QuotaOverrides(engine)
+        self.sums = ThreadSums()
         self._clock = clock
 
     def quota_on(self, db: Connection, owner: str) -> int | None:
@@ -130,15 +173,19 @@ class QuotaPolicy:
     def usage(self, owner: str) -> Usage:
         """What the owner stores now, and their quota."""
         with self.engine.connect() as db:
-            return Usage(stored_bytes(db, owner, self._clock()), self.quota_on(db, owner))
+            stored = stored_bytes(db, owner, self._clock(), sums=self.sums)
+            quota = self.quota_on(db, owner)
+            db.commit()  # end the read's transaction before the connection goes back
+        return Usage(stored, quota)
 
-    def admit(self, db: Connection, owner: str) -> Admission | None:
-        """Start admitting a write made in `db`'s (write) transaction: lock the owner and
-        read their usage; None when the owner has no quota (nothing locked, nothing read)."""
+    def admit(self, db: Connection, owner: str, scope: str | None = None) -> Admission | None:
+        """Start admitting a write made in `db`'s (write) transaction, which writes the
+        records of `scope` (if any): lock the owner; None when the owner has no quota
+        (nothing locked, nothing read)."""
         quota = self.quota_on(db, owner)
         if quota is None:
             return None
-        return Admission(db, owner, quota, self._clock())
+        return Admission(db, owner, quota, self._clock(), self.sums, scope)
 
     def refuse_early(
         self, owner: str, needed: int, may_free: Callable[[], int] | None = None

@@ -521,7 +521,7 @@ class UploadService:
                 # The owner's quota, checked in this transaction once its writes are in
                 # (a refusal rolls it back and the renames with it).
                 admission = (
-                    self.quotas.admit(txn.connection, folders.ref.user_id)
+                    self.quotas.admit(txn.connection, folders.ref.user_id, folders.scope)
                     if self.quotas is not None
                     else None
                 )
@@ -535,7 +535,7 @@ class UploadService:
                 known = txn.get_many(item.name for item in batch.staged)
                 written: list[StoredRecord] = []
                 committed: set[str] = set()
-                released = reserved  # bytes the commit frees, for the quota's check
+                released = 0  # bytes the commit frees in the records, for the quota
                 for item in batch.staged:
                     item.name = current = _commit_name(txn, batch, item, committed)
                     dest = batch.folder / item.name
@@ -563,7 +563,9 @@ class UploadService:
                 if then is not None and saved:
                     then(txn, saved)
                 if admission is not None and saved:
-                    admission.check(sum(s.record.size for s in saved), released)
+                    admission.check(sum(s.record.size for s in saved), released, reserved)
+        if admission is not None:
+            admission.committed()
         for item in batch.staged:
             item.staging.close()  # held (locked) until the records said so too
         return saved

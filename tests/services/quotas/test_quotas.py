@@ -275,3 +275,47 @@ def test_writers_racing_for_one_owner_never_go_over(service, engine, base_dir) -
     for index in range(20):
         names = on_disk(base_dir, f"T{index}")
         assert names in ([], ["f.txt"])  # a refused one left no staging file
+
+
+# ---- the kept sums --------------------------------------------------------------------
+
+
+def test_kept_thread_sums_always_match_the_records(service, engine, base_dir) -> None:
+    """Two processes' policies (each with its own kept sums) and a full sum agree after
+    every kind of change, whoever made it."""
+    other = QuotaPolicy(engine, 100_000)
+    service.quotas = QuotaPolicy(engine, 100_000)
+    second = make_upload_service(base_dir, engine=engine, quotas=other)
+
+    def agree() -> None:
+        with engine.connect() as db:
+            full = stored_bytes(db, OWNER, 0.0)
+        assert service.quotas.usage(OWNER).bytes == full
+        assert other.usage(OWNER).bytes == full
+
+    save(service, ref("A"), (b"x" * 10, "a.txt"), (b"y" * 20, "b.txt"))
+    agree()
+    save(second, ref("A"), (b"z" * 5, "a.txt"))  # a replacement by the other process
+    agree()
+    save(service, ref("B"), (b"%PDF-1.4", "r.pdf"))
+    jobs = ConversionJobs(
+        service,
+        ConversionSettings(wait_seconds=5),
+        converter=lambda s, d, **_: d.write_text("m" * 33, encoding="utf-8"),
+    )
+    jobs.convert(ref("B"), "r.pdf")
+    agree()
+    service.delete_upload(ref("A"), "b.txt")
+    agree()
+    second.rename_upload(ref("A"), "a.txt", "c.txt")
+    agree()
+    (uploads_dir(base_dir, "B", OWNER) / "r.md").unlink()  # behind the app's back
+    service.list_uploads(ref("B"))  # reconciled
+    agree()
+    tus = resumable(second)
+    upload_id = tus.create(ref("C"), 7, meta("t.bin")).upload.upload_id
+    agree()
+    tus.append(ref("C"), upload_id, offset=0, body=io.BytesIO(b"t" * 7), content_length=7)
+    agree()
+    save(service, ref("A"), (b"w" * 3, "c.txt"))  # replaces again, sums kept on both sides
+    agree()

@@ -1,4 +1,6 @@
-"""Per-user storage quotas: an admin's override of the configured default, per account.
+"""Per-user storage quotas: an admin's override of the configured default, per account;
+and a `record_versions` row for every thread that has records, since the usage sums are
+kept per thread by that version (services/quotas/usage.py).
 
 Revision ID: 0010
 Revises: 0009
@@ -28,6 +30,16 @@ def upgrade() -> None:
         sa.Column("quota_bytes", sa.BigInteger),
         sa.Column("updated_at", sa.Float, nullable=False),
     )
+    uploads = sa.table("uploads", sa.column("scope", sa.Text))
+    versions = sa.table(
+        "record_versions", sa.column("scope", sa.Text), sa.column("version", sa.BigInteger)
+    )
+    missing = (
+        sa.select(uploads.c.scope, sa.literal(1))
+        .where(~sa.exists().where(versions.c.scope == uploads.c.scope))
+        .distinct()
+    )
+    op.execute(versions.insert().from_select(["scope", "version"], missing))
 
 
 def downgrade() -> None:
