@@ -38,6 +38,28 @@ def on_event_loop() -> bool:
     return _gevent_hub() is not None
 
 
+def _outcome(
+    function: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[bool, Any]:
+    """`(True, result)`, or `(False, the exception)` that `function` raised.
+
+    gevent's pool prints every exception a task raises as a crash (a traceback in the
+    server log for each "file not found" answered as a 404); carried back as a value, the
+    exception is raised again in the caller, with its traceback, and only there.
+    """
+    try:
+        return True, function(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - raised again by `_unwrap`
+        return False, error
+
+
+def _unwrap(outcome: tuple[bool, Any]) -> Any:
+    returned, value = outcome
+    if returned:
+        return value
+    raise value
+
+
 def off_loop(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Call `function` where it does not freeze the event loop; return or raise as it does.
 
@@ -48,7 +70,7 @@ def off_loop(function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     if hub is None:
         return function(*args, **kwargs)
     context = contextvars.copy_context()
-    return hub.threadpool.apply(context.run, (function, *args), kwargs)
+    return _unwrap(hub.threadpool.apply(context.run, (_outcome, function, args, kwargs)))
 
 
 def start_beside(function: Callable[..., T], /, *args: Any) -> Callable[[], T]:
@@ -62,7 +84,8 @@ def start_beside(function: Callable[..., T], /, *args: Any) -> Callable[[], T]:
     if hub is None:
         result = function(*args)
         return lambda: result
-    return hub.threadpool.spawn(function, *args).get
+    pending = hub.threadpool.spawn(_outcome, function, args, {})
+    return lambda: _unwrap(pending.get())
 
 
 TURN_SECONDS = 0.005

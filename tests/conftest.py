@@ -69,6 +69,32 @@ def postgres_url(postgres: PostgresServer) -> Iterator[str]:
         postgres.drop_database(url)
 
 
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for one module's tests that stop or crash it, so the session's
+    server never goes down under the tests that follow (under load, a pooled connection
+    the crash closed could still meet the next test)."""
+    if EXTERNAL_POSTGRES:
+        pytest.skip("the server was given from outside: a test cannot stop it")
+    server = PostgresServer.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def own_postgres_url(own_postgres: PostgresServer) -> Iterator[str]:
+    """A fresh database on `own_postgres` whose commits survive a crash, as a production
+    server's do (the test servers turn `synchronous_commit` off for speed)."""
+    url = own_postgres.create_database()
+    own_postgres.commit_durably(url)
+    try:
+        yield url
+    finally:
+        own_postgres.drop_database(url)
+
+
 @pytest.fixture(scope="session")
 def postgres_template(postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A PostgreSQL database at the newest schema revision, made once per test run (the

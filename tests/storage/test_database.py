@@ -258,8 +258,8 @@ def test_db_upgrade_command(base_dir: Path, make_app) -> None:
 
 
 @pytest.fixture
-def postgres_app(make_app, postgres_url: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("DATABASE_URL", postgres_url)
+def postgres_app(make_app, own_postgres_url: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("DATABASE_URL", own_postgres_url)
     app = make_app()
     yield app
     app.extensions["deerflow_web"].engine.dispose()  # before the database is dropped
@@ -270,18 +270,16 @@ def _list(client) -> int:
 
 
 def test_losing_postgresql_answers_503_and_recovers_without_a_restart(
-    postgres_app, postgres: PostgresServer, postgres_url: str
+    postgres_app, own_postgres: PostgresServer, own_postgres_url: str
 ) -> None:
-    if postgres.directory is None:
-        pytest.skip("the server was given from outside: this test cannot stop it")
     client = postgres_app.test_client()
     assert _list(client) == 200
     assert client.get("/readyz").status_code == 200
 
-    postgres.terminate_connections(postgres_url)  # a failover cuts every connection
+    own_postgres.terminate_connections(own_postgres_url)  # a failover cuts every connection
     assert _list(client) == 200  # pool_pre_ping reconnects
 
-    postgres.stop_server()
+    own_postgres.stop_server()
     try:
         response = client.get("/api/threads/T/uploads/list")
         assert response.status_code == 503
@@ -296,7 +294,7 @@ def test_losing_postgresql_answers_503_and_recovers_without_a_restart(
         assert ready.get_json()["database"] == "failed"
         assert ready.get_json()["storage"] == "ok"
     finally:
-        postgres.start_server()
+        own_postgres.start_server()
     assert _list(client) == 200
     assert client.get("/readyz").status_code == 200
     assert (

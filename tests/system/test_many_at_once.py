@@ -423,6 +423,35 @@ def test_off_loop_runs_in_place_without_gevent() -> None:
         off_loop(lambda: 1 / 0)
 
 
+def test_an_error_off_the_loop_reaches_the_caller_and_is_not_printed_as_a_crash() -> None:
+    """A domain error raised in gevent's pool (a missing file answered as a 404) is the
+    caller's to handle: raised there with its traceback, never printed by the pool."""
+    script = textwrap.dedent(
+        """
+        from gevent import monkey
+        monkey.patch_all()
+        import json, traceback
+        from deerflow_web.concurrency import off_loop, start_beside
+
+        def missing():
+            raise FileNotFoundError("report.pdf")
+
+        caught = []
+        for run in (lambda: off_loop(missing), lambda: start_beside(missing)()):
+            try:
+                run()
+            except FileNotFoundError as error:
+                caught.append("missing" in "".join(traceback.format_tb(error.__traceback__)))
+        print(json.dumps({"caught": caught}))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"caught": [True, True]}
+    assert "Traceback" not in result.stderr and "FileNotFoundError" not in result.stderr
+
+
 def script_outcome(script: str, *args: str) -> dict[str, Any]:
     """Run `script` in a fresh interpreter (gevent patches a whole process) and return the
     JSON object its last output line holds."""

@@ -25,9 +25,6 @@ from urllib.parse import urljoin
 
 import pytest
 import requests
-from sqlalchemy import create_engine
-from sqlalchemy import make_url
-from sqlalchemy import text
 from tusclient import client as tus_client
 
 from deerflow_web.storage.paths import is_staging_name
@@ -110,24 +107,11 @@ class FaultRelay:
 
 
 @pytest.fixture
-def own_postgres(postgres: PostgresServer) -> PostgresServer:
-    if postgres.directory is None:
-        pytest.skip("the server was given from outside: this test cannot stop it")
-    return postgres
-
-
-@pytest.fixture
-def server(base_dir: Path, postgres_url: str, tmp_path: Path) -> Iterator[LiveServer]:
-    # The suite's server trades durability for speed (`synchronous_commit=off`), so a crash
-    # would lose commits it had acknowledged; this database's commits are durable, as a
-    # production server's are, so what the app was told is stored survives the stop.
-    engine = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as db:
-        name = make_url(postgres_url).database
-        db.execute(text(f'ALTER DATABASE "{name}" SET synchronous_commit = on'))
-    engine.dispose()
+def server(base_dir: Path, own_postgres_url: str, tmp_path: Path) -> Iterator[LiveServer]:
+    # A server of this module's own, stopped and started again by the test, with commits
+    # as durable as a production server's: what the app was told is stored survives.
     started = start_server(
-        base_dir, database_url=postgres_url, workers=2, log=tmp_path / "server.log"
+        base_dir, database_url=own_postgres_url, workers=2, log=tmp_path / "server.log"
     )
     try:
         yield started

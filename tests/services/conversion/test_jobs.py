@@ -318,13 +318,12 @@ def test_a_job_this_process_does_not_run_is_not_renewed_but_run_again(service) -
 
 @pytest.mark.parametrize("ending", [ConversionState.DONE, ConversionState.FAILED])
 def test_a_job_ending_during_a_postgresql_crash_still_ends(
-    base_dir: Path, postgres, postgres_url: str, ending: ConversionState
+    base_dir: Path, own_postgres, own_postgres_url: str, ending: ConversionState
 ) -> None:
     """PostgreSQL stops (`-m immediate`) the moment the converter finishes, so the job's
     final write meets the outage; the server is back well within the lease. The record
     ends done or failed, never stays "converting" under a lease renewed for nothing."""
-    postgres.commit_durably(postgres_url)
-    engine = open_database(base_dir, postgres_url)
+    engine = open_database(base_dir, own_postgres_url)
     service = make_upload_service(base_dir, engine=engine)
     save(service, (b"%PDF-1.4", "a.pdf"))
     scope = service.paths.scope(ThreadRef.single_user("T"))
@@ -332,7 +331,7 @@ def test_a_job_ending_during_a_postgresql_crash_still_ends(
 
     def converter(source: Path, destination: Path, **_: object) -> None:
         destination.write_text("# made during the outage\n", encoding="utf-8")
-        postgres.crash_server()
+        own_postgres.crash_server()
         crashed.set()
         if ending is ConversionState.FAILED:
             raise ConversionError("a.pdf is corrupt")
@@ -343,7 +342,7 @@ def test_a_job_ending_during_a_postgresql_crash_still_ends(
         assert crashed.wait(60), "the converter never ran"
         time.sleep(2)  # the outage itself: a few renewals and final writes fail meanwhile
     finally:
-        postgres.start_server()
+        own_postgres.start_server()
     job = wait_until(
         lambda: (j := service.records.conversion_job(scope, "a.pdf")).state is ending and j,
         timeout=30,

@@ -209,10 +209,15 @@ def test_deleting_a_thread_takes_everything_it_holds(
     assert count_rows(app, uploads) == 1  # kept's
     status = client.head(unfinished.headers["Location"], headers=TUS)
     assert status.status_code == 404
-    # The id is free again: a new thread of that id starts empty.
+    assert client.get("/api/threads/doomed").status_code == 404
+    patched = client.patch("/api/threads/doomed", json={"metadata": {}}, headers=ORIGIN)
+    assert patched.status_code == 404
+    assert not thread_dir(base_dir, "doomed").exists()  # nothing made by the refusals
+    # The id is free again: a new thread of that id starts empty, and an upload makes it.
     assert client.get("/api/threads/doomed/uploads/list").get_json() == {"files": [], "count": 0}
     fresh = client.post("/api/threads/doomed/uploads", data={"files": [(BytesIO(b"2"), "b.txt")]})
     assert [f["filename"] for f in fresh.get_json()["files"]] == ["b.txt"]
+    assert client.get("/api/threads/doomed").status_code == 200
     assert sorted(p.name for p in uploads_dir(base_dir, "doomed").iterdir()) == ["b.txt"]
     assert "No turns yet" in client.get("/threads/doomed/chat").get_data(as_text=True)
 
