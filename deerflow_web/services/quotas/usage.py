@@ -7,7 +7,10 @@ writes to workspace/ and outputs/ are not counted: they come from the agent's sa
 not through the app's writes, so no write of the app could be refused for them.
 
 Kept as one function on purpose (`stored_bytes`): another stored kind (file versions, a
-trash) adds its own sum here and every check, the header and `/auth/me` follow.
+trash) adds its own sum here and every check, the header and `/auth/me` follow. A kind kept
+per thread and written under the thread's records lock (which bumps its version) belongs
+in `scope_bytes`, so the kept sums cover it; its writes then tell `Admission.check` what
+they added and freed (a replaced file kept as a version frees nothing).
 
 A commit checks the quota, so the sum is on the upload path. Summed from the records each
 time, it grew with everything the owner stores (10,000 files: 1.3x the latency of a small
