@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from sqlalchemy import Engine
+from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import select
 from sqlalchemy import text
@@ -28,6 +29,10 @@ from deerflow_web.storage.database import write_transaction
 
 # The first key of the owners' quota locks (PostgreSQL); 7001 queues resumable creations.
 _QUOTA_LOCK_SPACE = 7002
+_LOCK_OWNER = text("SELECT pg_advisory_xact_lock(:space, hashtext(:owner))")
+_READ_OVERRIDE = select(user_quotas.c.quota_bytes).where(
+    user_quotas.c.user_id == bindparam("user_id")
+)
 
 
 def lock_owner(db: Connection, owner: str) -> None:
@@ -35,10 +40,7 @@ def lock_owner(db: Connection, owner: str) -> None:
     write transaction is the lock already). `owner` is a user id, "" in the single-user
     layout."""
     if db.dialect.name == "postgresql":
-        db.execute(
-            text("SELECT pg_advisory_xact_lock(:space, hashtext(:owner))"),
-            {"space": _QUOTA_LOCK_SPACE, "owner": owner},
-        )
+        db.execute(_LOCK_OWNER, {"space": _QUOTA_LOCK_SPACE, "owner": owner})
 
 
 class QuotaOverrides:
@@ -51,9 +53,7 @@ class QuotaOverrides:
     @staticmethod
     def read(db: Connection, user_id: str) -> tuple[bool, int | None]:
         """(whether the account has an override, its bytes or None for unlimited)."""
-        row = db.execute(
-            select(user_quotas.c.quota_bytes).where(user_quotas.c.user_id == user_id)
-        ).first()
+        row = db.execute(_READ_OVERRIDE, {"user_id": user_id}).first()
         return (False, None) if row is None else (True, row[0])
 
     def get(self, user_id: str) -> tuple[bool, int | None]:

@@ -27,6 +27,7 @@ import threading
 from collections import OrderedDict
 
 from sqlalchemy import and_
+from sqlalchemy import bindparam
 from sqlalchemy import func
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -45,13 +46,50 @@ def owner_scope_prefix(owner: str) -> str:
     return "threads/" if owner == SINGLE_USER else f"users/{owner}/threads/"
 
 
-def _under(db: Connection, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
-    """`column` starts with `prefix`, as a range (the prefix ends with "/", the next code
-    point is "0"), compared byte by byte: SQLite's own order, which reads the primary key;
-    on PostgreSQL the "C" collation, so the database's locale cannot reorder "/"."""
-    if db.dialect.name == "postgresql":
+def _under(column: ColumnElement[str], dialect: str) -> ColumnElement[bool]:
+    """`column` starts with the bound `prefix`, as a range (a prefix ends with "/", the
+    bound `past` is it with "0", the next code point, in its place), compared byte by
+    byte: SQLite's own order, which reads the primary key; on PostgreSQL the "C"
+    collation, so the database's locale cannot reorder "/"."""
+    if dialect == "postgresql":
         column = column.collate("C")  # type: ignore[assignment]
-    return and_(column >= prefix, column < prefix[:-1] + "0")
+    return and_(column >= bindparam("prefix"), column < bindparam("past"))
+
+
+# Built once with bound parameters: the check runs on every commit, and building and
+# cache-keying a statement per call cost more than running it (as records.py found).
+_DIALECTS = ("sqlite", "postgresql")
+_RECORDS_UNDER = {
+    d: select(func.coalesce(func.sum(uploads.c.size), 0)).where(_under(uploads.c.scope, d))
+    for d in _DIALECTS
+}
+_VERSIONS_UNDER = {
+    d: select(record_versions.c.scope, record_versions.c.version).where(
+        _under(record_versions.c.scope, d)
+    )
+    for d in _DIALECTS
+}
+_SCOPE_BYTES = select(func.coalesce(func.sum(uploads.c.size), 0)).where(
+    uploads.c.scope == bindparam("scope")
+)
+_SCOPE_VERSION = select(record_versions.c.version).where(
+    record_versions.c.scope == bindparam("scope")
+)
+_UNFINISHED = (
+    resumable_uploads.c.committed_name.is_(None),
+    resumable_uploads.c.expires_at > bindparam("now"),
+)
+_PENDING_OF_USER = select(func.coalesce(func.sum(resumable_uploads.c.length), 0)).where(
+    resumable_uploads.c.user_id == bindparam("owner"), *_UNFINISHED
+)
+_PENDING_SINGLE_USER = select(func.coalesce(func.sum(resumable_uploads.c.length), 0)).where(
+    resumable_uploads.c.user_id.is_(None), *_UNFINISHED
+)
+
+
+def _range(owner: str) -> dict[str, str]:
+    prefix = owner_scope_prefix(owner)
+    return {"prefix": prefix, "past": prefix[:-1] + "0"}
 
 
 class ThreadSums:
@@ -80,34 +118,19 @@ class ThreadSums:
 
 def scope_bytes(db: Connection, scope: str) -> int:
     """The recorded bytes of one thread (read by its primary key)."""
-    total = db.execute(
-        select(func.coalesce(func.sum(uploads.c.size), 0)).where(uploads.c.scope == scope)
-    ).scalar_one()
-    return int(total)
+    return int(db.execute(_SCOPE_BYTES, {"scope": scope}).scalar_one())
 
 
 def scope_version(db: Connection, scope: str) -> int | None:
     """The thread's records version as `db` sees it."""
-    return db.execute(
-        select(record_versions.c.version).where(record_versions.c.scope == scope)
-    ).scalar_one_or_none()
+    return db.execute(_SCOPE_VERSION, {"scope": scope}).scalar_one_or_none()
 
 
 def pending_bytes(db: Connection, owner: str, now: float) -> int:
     """The declared lengths of the owner's unfinished, unexpired resumable uploads."""
-    mine = (
-        resumable_uploads.c.user_id.is_(None)
-        if owner == SINGLE_USER
-        else resumable_uploads.c.user_id == owner
-    )
-    total = db.execute(
-        select(func.coalesce(func.sum(resumable_uploads.c.length), 0)).where(
-            mine,
-            resumable_uploads.c.committed_name.is_(None),
-            resumable_uploads.c.expires_at > now,
-        )
-    ).scalar_one()
-    return int(total)
+    if owner == SINGLE_USER:
+        return int(db.execute(_PENDING_SINGLE_USER, {"now": now}).scalar_one())
+    return int(db.execute(_PENDING_OF_USER, {"owner": owner, "now": now}).scalar_one())
 
 
 def stored_bytes(
@@ -125,18 +148,11 @@ def stored_bytes(
     read afresh. `own` is (scope, bytes) of a thread the caller's transaction is writing:
     its total is the caller's, and its uncommitted sum is never stored.
     """
+    dialect = db.dialect.name
     if sums is None:
-        records = db.execute(
-            select(func.coalesce(func.sum(uploads.c.size), 0)).where(
-                _under(db, uploads.c.scope, owner_scope_prefix(owner))
-            )
-        ).scalar_one()
+        records = db.execute(_RECORDS_UNDER[dialect], _range(owner)).scalar_one()
         return int(records) + pending_bytes(db, owner, now)
-    versions = db.execute(
-        select(record_versions.c.scope, record_versions.c.version).where(
-            _under(db, record_versions.c.scope, owner_scope_prefix(owner))
-        )
-    ).all()
+    versions = db.execute(_VERSIONS_UNDER[dialect], _range(owner)).all()
     total = 0
     for scope, version in versions:
         if own is not None and scope == own[0]:

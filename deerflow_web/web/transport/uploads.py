@@ -36,6 +36,8 @@ from deerflow_web.web.wiring import get_services
 # What a multipart body may hold besides its files' bytes (boundaries, part headers, form
 # fields), so the early quota check never refuses a body whose files would fit.
 MULTIPART_FRAMING_SLACK = 64 * 1024
+# Bodies from this size are checked against the quota before they are read.
+EARLY_QUOTA_CHECK_BYTES = 1024 * 1024
 
 
 class NoFileChosen(Exception):
@@ -94,21 +96,20 @@ def accept_uploads(
 
 
 def _refuse_over_quota(thread: ThreadFolders, on_conflict: OnConflict) -> None:
-    """413 before a file byte is read when the declared body cannot fit in the owner's
-    quota, less its multipart framing and, for `replace`, what the thread's files could
-    free (the commit decides exactly, `UploadService._commit`)."""
+    """413 before a file byte is read when the declared body (of 1 MiB or more) cannot fit
+    in the owner's quota, less its multipart framing and, for `replace`, what the thread's
+    files could free (the commit decides exactly, `UploadService._commit`)."""
     uploads = get_services().uploads
-    if uploads.quotas is None or not request.content_length:
-        return
+    length = request.content_length
+    if uploads.quotas is None or length is None or length < EARLY_QUOTA_CHECK_BYTES:
+        return  # a small body costs less to read than the look: the commit decides
 
     def replaceable() -> int:
         if on_conflict is not OnConflict.REPLACE:
             return 0
         return sum(record.size for record in uploads.records_of(thread))
 
-    uploads.quotas.refuse_early(
-        thread.ref.user_id, request.content_length - MULTIPART_FRAMING_SLACK, replaceable
-    )
+    uploads.quotas.refuse_early(thread.ref.user_id, length - MULTIPART_FRAMING_SLACK, replaceable)
 
 
 def flash_form_errors(form: FlaskForm) -> None:

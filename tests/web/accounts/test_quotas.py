@@ -58,8 +58,15 @@ def test_a_body_that_clearly_cannot_fit_is_refused_unread(
 
     monkeypatch.setattr(small.extensions[EXTENSION_KEY].intake, "accept", never)
     client = small.test_client()
-    data = {"files": [(BytesIO(b"x" * 200_000), "big.bin")]}
-    response = client.post("/api/threads/fresh/uploads", data=data)
+    body = (
+        b"--b\r\n"
+        b'Content-Disposition: form-data; name="files"; filename="big.bin"\r\n\r\n'
+        + b"x" * 2_000_000
+        + b"\r\n--b--\r\n"
+    )
+    response = client.post(
+        "/api/threads/fresh/uploads", data=body, content_type="multipart/form-data; boundary=b"
+    )
     assert response.status_code == 413
     assert response.get_json()["detail"].startswith(
         "Storage quota exceeded: 0 B of 1000 B used, this upload needs"
