@@ -35,7 +35,8 @@ MAX_QUOTA_BYTES = 2**53
 
 
 def parse_quota(value: object) -> int | None:
-    """An admin's quota: a whole number of bytes; 0 or None means unlimited (None back).
+    """An admin's quota: a whole number of bytes (`1024.0` is one); 0 or None means
+    unlimited (None back).
 
     Raises:
         InvalidQuota: Not a whole number (a string, a fraction, a boolean), negative, or
@@ -43,6 +44,8 @@ def parse_quota(value: object) -> int | None:
     """
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON's 1024.0 is the integer 1024 (JSON Schema agrees)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidQuota(
             f"quota_bytes must be a whole number of bytes (0 or null: unlimited), not {value!r}"
