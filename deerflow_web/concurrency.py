@@ -114,5 +114,7 @@ class Turn:
         if _gevent_hub() is not None:
             import gevent
 
-            gevent.sleep(0)
+            # Not `sleep(0)`: that only lets greenlets that are ready already run, before
+            # the loop polls for I/O, so a connection waiting on its socket would starve.
+            gevent.idle()
         self._ends = time.monotonic() + self._seconds

@@ -362,6 +362,34 @@ class StorageFailure(DeerFlowError):
     """An unexpected I/O error; the operation was rolled back and may be retried."""
 
 
+class ObjectStoreUnavailable(DeerFlowError):
+    """The object store (S3) cannot be reached or refused to answer for now; nothing was
+    changed and the request may be retried (`retry_after`, in seconds)."""
+
+    def __init__(self, detail: str = "", retry_after: int = 5) -> None:
+        super().__init__(
+            "File storage is unavailable right now; nothing was changed; try again shortly"
+        )
+        self.detail = detail  # the client library's reason, for the log only
+        self.retry_after = retry_after
+
+
+class ObjectNotFound(DeerFlowError):
+    """No object is stored under the key (a record whose bytes are gone, or a bad key)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"No stored file at {key}")
+        self.key = key
+
+
+class InvalidObjectKey(DeerFlowError, ValueError):
+    """An object key that is empty, absolute, or leaves its prefix (`..`, empty parts)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"Invalid storage key {key!r}")
+        self.key = key
+
+
 class ThreadNotFound(DeerFlowError):
     """The caller has no thread of that id (ids are per user: another's is not theirs)."""
 

@@ -342,6 +342,90 @@ def _count_or_off(section: Mapping[str, Any], key: str, default: int) -> int:
     return positive_setting(section, key, default, section_name="server")
 
 
+STORAGE_BACKENDS = ("local", "s3")
+STORAGE_ENV_PREFIX = "DEER_FLOW_STORAGE_"
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Where the S3 backend keeps files (`storage.s3.*`). Credentials are never settings:
+    boto3 reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the rest of the AWS chain."""
+
+    endpoint_url: str | None = None  # None: AWS itself; a self-hosted server's URL otherwise
+    bucket: str | None = None
+    region: str | None = None
+    prefix: str = ""  # every key goes under it: one bucket may serve several installs
+    # Downloads redirect to a short-lived presigned URL (after the same authorisation)
+    # instead of streaming through the app.
+    presigned_downloads: bool = False
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    """Where file bytes live (`storage.backend`): the data dir (`local`) or a bucket (`s3`)."""
+
+    backend: str = "local"
+    s3: S3Settings = field(default_factory=S3Settings)
+
+    @classmethod
+    def from_mapping(
+        cls, storage: Mapping[str, Any], environ: Mapping[str, str]
+    ) -> StorageSettings:
+        """Read `storage.backend` and `storage.s3.*`; `DEER_FLOW_STORAGE_BACKEND` and
+        `DEER_FLOW_STORAGE_S3_<KEY>` win over the file. An unknown backend, or `s3`
+        without a bucket, stops start-up: files must never land somewhere unintended."""
+        s3 = storage.get("s3")
+        s3 = s3 if isinstance(s3, Mapping) else {}
+
+        def value(section: Mapping[str, Any], key: str, env_key: str) -> Any:
+            from_env = environ.get(STORAGE_ENV_PREFIX + env_key)
+            return from_env if from_env not in (None, "") else section.get(key)
+
+        backend = str(value(storage, "backend", "BACKEND") or "local").strip().lower()
+        if backend not in STORAGE_BACKENDS:
+            raise ConfigError(
+                f"storage.backend must be one of: {', '.join(STORAGE_BACKENDS)} (got {backend!r})"
+            )
+        settings = S3Settings(
+            endpoint_url=_optional_string(value(s3, "endpoint_url", "S3_ENDPOINT_URL")),
+            bucket=_optional_string(value(s3, "bucket", "S3_BUCKET")),
+            region=_optional_string(value(s3, "region", "S3_REGION")),
+            prefix=(_optional_string(value(s3, "prefix", "S3_PREFIX")) or "").strip("/"),
+            presigned_downloads=parse_bool(
+                value(s3, "presigned_downloads", "S3_PRESIGNED_DOWNLOADS") or False
+            ),
+        )
+        if settings.prefix and any(part in ("", ".", "..") for part in settings.prefix.split("/")):
+            raise ConfigError(
+                f"storage.s3.prefix {settings.prefix!r} must be folder names separated by '/', "
+                "without empty, '.' or '..' parts"
+            )
+        if backend == "s3" and settings.bucket is None:
+            raise ConfigError(
+                "storage.backend: s3 needs storage.s3.bucket (or DEER_FLOW_STORAGE_S3_BUCKET)"
+            )
+        return cls(backend=backend, s3=settings)
+
+
+# Until uploads, downloads, previews and the agent's tools read and write through the object
+# store, an app on `s3` would keep every file on this machine's disk: it does not start.
+S3_NOT_SERVED = (
+    "storage.backend: s3 is not served yet: uploads, downloads and the agent's tools still "
+    "keep files in the data dir, so this instance would store them on its own disk, not in "
+    "the bucket. Set storage.backend: local (the default) for now."
+)
+
+
+def refuse_unserved_storage(storage: StorageSettings) -> None:
+    """Stop start-up when the configured backend is one the app does not serve yet.
+
+    Raises:
+        ConfigError: `storage.backend` is `s3`.
+    """
+    if storage.backend != "local":
+        raise ConfigError(S3_NOT_SERVED)
+
+
 @dataclass(frozen=True)
 class AuthSettings:
     """Accounts (SPEC 7.1): on unless DEER_FLOW_AUTH_DISABLED=1 or `auth.enabled: false`."""
@@ -426,6 +510,7 @@ class Settings:
     storage_group: str | None = None
     quotas: QuotaSettings = field(default_factory=QuotaSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
 
 
 def _optional_string(value: object) -> str | None:
@@ -660,4 +745,5 @@ def load_settings(
         storage_group=_optional_string(str(_section(config, "storage").get("group") or "")),
         quotas=quotas_from(_section(config, "quotas"), env),
         retention=RetentionSettings.from_mapping(_section(config, "retention")),
+        storage=StorageSettings.from_mapping(_section(config, "storage"), env),
     )

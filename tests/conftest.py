@@ -35,6 +35,8 @@ from tests.support.openapi_check import check_response
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import external_url
 from tests.support.route_builders import install as cache_route_builders
+from tests.support.seaweedfs import SeaweedFS
+from tests.support.seaweedfs import weed_missing
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -142,6 +144,21 @@ def make_clamd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     yield factory
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """The session's S3 server (SeaweedFS, started on first use, see tests/support/seaweedfs.py).
+
+    Every bucket is a SeaweedFS collection with volumes of its own: tests share one bucket
+    (`SeaweedFS.store`) and keep apart by key prefix."""
+    if (reason := weed_missing()) is not None:
+        pytest.skip(reason)
+    server = SeaweedFS.start(tmp_path_factory.mktemp("seaweedfs"))
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -30,8 +30,10 @@ def resolve_thread_paths(
     if base_dir is not None:
         return ThreadPaths(base_dir)
     from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
+    from deerflow_web.settings import refuse_unserved_storage
 
     settings = load_settings()
+    refuse_unserved_storage(settings.storage)  # as the app: no files on disk meant for S3
     use_storage_group(settings.storage_group)  # the folders it creates: as the app's
     return ThreadPaths(settings.base_dir)
 

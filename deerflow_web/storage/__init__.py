@@ -6,4 +6,5 @@
 - `sniff`: content types and the binary check from a file's first bytes.
 - `records`: the upload records (SQLite); `chat_turns`: the chat preview's saved turns;
   `sqlite`: the per-thread connection both use.
+- `objects`: file bytes by key, in the data dir or an S3 bucket, behind one contract.
 """

@@ -174,7 +174,7 @@ class StagingFile:
         self.path.unlink(missing_ok=True)
 
 
-def _is_abandoned(path: str) -> bool:
+def is_abandoned(path: str) -> bool:
     """Whether no live process holds the staging file's lock."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -262,7 +262,7 @@ def sweep_staging_files(
         for entry in entries:
             if not is_staging_name(entry.name) or not entry.is_file(follow_symlinks=False):
                 continue
-            if not _is_abandoned(entry.path) or keep(Path(entry.path)):
+            if not is_abandoned(entry.path) or keep(Path(entry.path)):
                 continue  # an upload in progress in another process, or a resumable one
             try:
                 os.unlink(entry.path)

@@ -39,6 +39,7 @@ from deerflow_web.errors import InfectedFile
 from deerflow_web.errors import InsufficientStorage
 from deerflow_web.errors import InvalidEmail
 from deerflow_web.errors import InvalidInput
+from deerflow_web.errors import InvalidObjectKey
 from deerflow_web.errors import InvalidOption
 from deerflow_web.errors import InvalidPath
 from deerflow_web.errors import InvalidQuota
@@ -51,6 +52,8 @@ from deerflow_web.errors import NoFilesProvided
 from deerflow_web.errors import NotAFile
 from deerflow_web.errors import NotAnArchive
 from deerflow_web.errors import NotConvertible
+from deerflow_web.errors import ObjectNotFound
+from deerflow_web.errors import ObjectStoreUnavailable
 from deerflow_web.errors import OffsetMismatch
 from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import PathTraversal
@@ -126,6 +129,10 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     InfectedFile: 422,
     ScannerUnavailable: 503,
     TooLargeToScan: 413,
+    # object storage (S3): out of reach for now is 503 with Retry-After, like the database
+    ObjectStoreUnavailable: 503,
+    ObjectNotFound: 404,
+    InvalidObjectKey: 400,
     # tus 1.0.0 (SPEC 8)
     InvalidTusRequest: 400,
     PastUploadLength: 400,
@@ -245,7 +252,12 @@ def register_error_handlers(app: Flask) -> None:
             return {"detail": {"code": error.code, "message": str(error)}}, status
         headers = []
         if isinstance(
-            error, ConversionQueueFull | LockedOut | ScannerUnavailable | ShareLinkRateLimited
+            error,
+            ConversionQueueFull
+            | LockedOut
+            | ScannerUnavailable
+            | ShareLinkRateLimited
+            | ObjectStoreUnavailable,
         ):
             headers.append(("Retry-After", str(error.retry_after)))
         if not _wants_json() or request.headers.get(PAGE_SCRIPT_HEADER):

@@ -31,6 +31,7 @@ from deerflow_web.errors import NameConflict
 from deerflow_web.errors import NoFilesProvided
 from deerflow_web.errors import NotAFile
 from deerflow_web.errors import NotConvertible
+from deerflow_web.errors import ObjectStoreUnavailable
 from deerflow_web.errors import PathTraversal
 from deerflow_web.errors import QuotaExceeded
 from deerflow_web.errors import RequestTimedOut
@@ -159,6 +160,12 @@ _SENTENCES: tuple[tuple[type[DeerFlowError], Callable[[], str]], ...] = (
     ),
     (MalformedUpload, lambda: _("The upload was cut off or damaged. Try again.")),
     (RequestTimedOut, lambda: _("The upload took too long and was stopped. Try again.")),
+    (
+        ObjectStoreUnavailable,
+        lambda: _(
+            "File storage cannot be reached right now. Nothing was changed; try again shortly."
+        ),
+    ),
     (
         StorageFailure,
         lambda: _(

@@ -17,6 +17,10 @@ from deerflow_web.storage.digest import sha256_of_file
 from deerflow_web.storage.local import StagingFile
 from deerflow_web.storage.sniff import SNIFF_BYTES
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 PDF = b"%PDF-1.7\n" + os.urandom(HASH_CHUNK + 12345)
 
 

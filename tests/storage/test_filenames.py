@@ -9,6 +9,9 @@ from deerflow_web.storage.filenames import ClaimedNames
 from deerflow_web.storage.filenames import companion_name
 from deerflow_web.storage.filenames import normalize_filename
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 @pytest.mark.parametrize(
     ("raw", "expected"),

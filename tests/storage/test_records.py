@@ -19,6 +19,9 @@ from deerflow_web.storage.records import DatabaseUploadRecords
 from deerflow_web.storage.records import StoredRecord
 from deerflow_web.storage.resumable import DatabaseResumableStore
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 def stored(name: str, size: int = 1, **fields: object) -> StoredRecord:
     record = UploadRecord(name, size, "0" * 64, "text/plain", 10.0, 10.0, **fields)

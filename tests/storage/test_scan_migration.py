@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from alembic import command
 from sqlalchemy import create_engine
 from sqlalchemy import inspect
 from sqlalchemy import text
 
 from deerflow_web.storage.migrate import _config
+
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
 
 
 def test_upgrade_from_0006_keeps_records_unscanned_and_downgrade_drops_the_columns(

@@ -11,6 +11,10 @@ from deerflow_web.storage.sniff import is_binary_file
 from deerflow_web.storage.sniff import is_binary_head
 from deerflow_web.storage.sniff import sniff_content_type
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 
 

@@ -33,6 +33,11 @@ from tests.helpers import provision_server_user
 from tests.helpers import uploads_dir
 from tests.support.live_server import LiveServer
 
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
 SIZE = 8 * 1000 * 1000
 TUS = {"Tus-Resumable": "1.0.0"}

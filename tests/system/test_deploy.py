@@ -38,6 +38,11 @@ from tests.support.live_server import free_port
 from tests.support.nginx import NGINX
 from tests.support.nginx import run_nginx
 
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 PUBLIC_HOST = "files.example.com"
 AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
 MIB = 1024 * 1024

@@ -6,6 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

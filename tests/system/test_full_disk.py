@@ -26,6 +26,11 @@ from tests.helpers import UploadActions
 from tests.helpers import uploads_dir
 from tests.support.documents import make_docx
 
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 DISK_BYTES = 16 * 1024 * 1024
 
 

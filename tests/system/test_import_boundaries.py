@@ -20,6 +20,11 @@ from pathlib import Path
 
 import pytest
 
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 FLASK = ("flask", "flask_babel", "flask_login", "flask_wtf", "werkzeug", "wtforms", "jinja2")
 LANGCHAIN = ("langchain", "langchain_core", "langgraph")
 

@@ -41,6 +41,11 @@ from tests.support.documents import make_spinning_pdf
 from tests.support.documents import make_xlsx
 from tests.support.live_server import LiveServer
 
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
 MIB = 1024 * 1024
 # How long a job orphaned by a killed instance may take to be claimed again and finish

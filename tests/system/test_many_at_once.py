@@ -423,6 +423,51 @@ def test_off_loop_runs_in_place_without_gevent() -> None:
         off_loop(lambda: 1 / 0)
 
 
+def test_a_turn_lets_connections_waiting_on_their_sockets_answer() -> None:
+    """A greenlet that never waits (a fast client's upload) and steps aside at the end of
+    each turn: a connection beside it answers pings all along, not only when it ends."""
+    outcome = script_outcome(
+        textwrap.dedent(
+            """
+            from gevent import monkey
+            monkey.patch_all()
+            import json, socket, time
+            import gevent
+            from deerflow_web.concurrency import Turn
+
+            ours, theirs = socket.socketpair()
+            answers = []
+
+            def echo():
+                while data := theirs.recv(1):
+                    theirs.send(data)
+
+            def ping():
+                while True:
+                    ours.send(b"x")
+                    ours.recv(1)
+                    answers.append(time.monotonic())
+                    gevent.sleep(0.001)
+
+            def stream(seconds):
+                turn, end = Turn(), time.monotonic() + seconds
+                while time.monotonic() < end:
+                    sum(range(2000))  # a chunk's work, never waiting
+                    turn.step_aside()
+
+            gevent.spawn(echo)
+            gevent.spawn(ping)
+            gevent.sleep(0.01)
+            before = len(answers)
+            gevent.spawn(stream, 1.0).join()
+            print(json.dumps({"answers_while_streaming": len(answers) - before}))
+            """
+        )
+    )
+    # One per turn at most, and a turn is 5 ms: about 200 in that second, 2 when starved.
+    assert outcome["answers_while_streaming"] >= 50
+
+
 def test_an_error_off_the_loop_reaches_the_caller_and_is_not_printed_as_a_crash() -> None:
     """A domain error raised in gevent's pool (a missing file answered as a 404) is the
     caller's to handle: raised there with its traceback, never printed by the pool."""

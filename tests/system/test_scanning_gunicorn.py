@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 import yaml
 
@@ -17,6 +18,11 @@ from tests.helpers import uploads_dir
 from tests.support.clamd import EICAR
 from tests.support.clamd import EICAR_SIGNATURE
 from tests.support.live_server import start_server
+
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
 MIB = 1024 * 1024

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import yaml
 
 from deerflow_web.settings import ConnectionLimits
@@ -29,6 +30,11 @@ from tests.support.live_server import RAW_HOST
 from tests.support.live_server import LiveServer
 from tests.support.live_server import raw_request
 from tests.support.live_server import start_server
+
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 RATE = 20_000
 WINDOW = 2.0

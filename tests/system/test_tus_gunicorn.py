@@ -24,6 +24,11 @@ from tests.helpers import auth_header_line
 from tests.helpers import uploads_dir
 from tests.support.live_server import start_server
 
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 MIB = 1024 * 1024
 
 

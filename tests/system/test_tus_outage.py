@@ -35,6 +35,11 @@ from tests.support.live_server import LiveServer
 from tests.support.live_server import start_server
 from tests.support.postgres import PostgresServer
 
+# Real processes, signed in: the mode changes only the gate, which tests/web covers in
+# both modes; the single-user pass skips this module.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
 TUS = {"Tus-Resumable": "1.0.0"}
 MIB = 1024 * 1024

@@ -37,6 +37,9 @@ from deerflow_web.storage.database import users
 from deerflow_web.storage.migrate import open_database
 from tests.helpers import FAST_PASSWORDS
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 class Clock:
     """A clock the test moves by hand (lockout windows, expiries)."""

@@ -31,6 +31,10 @@ from tests.support.archives import make_zip
 from tests.support.archives import make_zip_with_modes
 from tests.support.archives import tar_entry
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 WORKSPACE = "/mnt/user-data/workspace"
 
 

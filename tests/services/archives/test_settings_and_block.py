@@ -14,6 +14,9 @@ from deerflow_web.settings import load_settings
 from tests.support.archives import make_overlapping_zip
 from tests.support.archives import make_zip
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 def test_archive_settings_are_read_and_bad_values_fall_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture

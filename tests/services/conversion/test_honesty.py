@@ -16,6 +16,9 @@ from deerflow_web.services.conversion.runner import convert_to_markdown
 from tests.support.documents import make_docx
 from tests.support.documents import make_pdf
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 @pytest.fixture
 def docs(tmp_path: Path) -> Path:

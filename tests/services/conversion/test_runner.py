@@ -32,6 +32,9 @@ from tests.support.documents import make_pptx
 from tests.support.documents import make_random_bytes
 from tests.support.documents import make_xlsx
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 @pytest.fixture
 def docs(tmp_path: Path) -> Path:

@@ -17,6 +17,9 @@ from deerflow_web.services.files.thumbnails import Thumbnails
 from deerflow_web.services.files.thumbnails import wants_thumbnail
 from tests.browser.helpers import gradient_png
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 def png_header_claiming(width: int, height: int) -> bytes:
     """A PNG whose header claims a huge picture (a decompression bomb's first bytes)."""

@@ -35,6 +35,9 @@ from deerflow_web.services.uploads.bulk_delete import delete_uploads
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 @pytest.fixture
 def service(tmp_path: Path) -> UploadService:

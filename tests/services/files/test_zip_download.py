@@ -15,6 +15,9 @@ from deerflow_web.services.files.zip_download import ZipMember
 from deerflow_web.services.files.zip_download import members_for_paths
 from deerflow_web.services.files.zip_download import stream_zip
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 def artifact(path: Path) -> Artifact:
     return Artifact(path, path.name, "application/octet-stream", False, path.stat().st_size)

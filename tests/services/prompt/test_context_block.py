@@ -17,6 +17,10 @@ from deerflow_web.services.prompt.context_block import format_omitted_summary
 from deerflow_web.services.prompt.context_block import format_size
 from deerflow_web.services.prompt.context_block import strip_upload_blocks
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
+
 EXPECTED_BLOCK = """\
 <current_uploads>
 The following files were uploaded in this message:

@@ -24,6 +24,9 @@ from tests.support.pictures import jpeg_with_exif
 from tests.support.pictures import png_bytes
 from tests.support.pictures import png_claiming
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 def _decoded(data: bytes) -> Image.Image:
     image = Image.open(io.BytesIO(data))

@@ -22,6 +22,9 @@ from deerflow_web.services.prompt.tool_listing import historical_uploads
 from deerflow_web.services.prompt.tool_listing import list_uploaded_files_result
 from deerflow_web.services.prompt.tool_listing import normalize_extensions
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 def record(name: str, modified: float = 0.0, size: int = 3, **fields: object) -> UploadRecord:
     return UploadRecord(name, size, "sha", "text/plain", modified, modified, **fields)

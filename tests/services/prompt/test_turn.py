@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from deerflow_web.models import RecordSource
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.prompt.turn import compose_text
@@ -13,6 +15,9 @@ from deerflow_web.services.prompt.turn import incremental_turn
 from deerflow_web.services.prompt.turn import message_files
 from deerflow_web.services.prompt.turn import shown_pairs
 from tests.support.agent_helpers import write_file
+
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
 
 
 def _record(name: str, content: bytes = b"x", **kwargs) -> UploadRecord:

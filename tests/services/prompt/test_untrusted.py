@@ -10,6 +10,9 @@ import pytest
 from deerflow_web.services.prompt.untrusted import BLOCKED_TAG_NAMES
 from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags
 
+# Nothing here reads the mode (no app, no account): the single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 def test_deny_list_has_the_forty_names_of_the_spec() -> None:
     assert len(BLOCKED_TAG_NAMES) == 40

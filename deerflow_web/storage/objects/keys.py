@@ -1,0 +1,59 @@
+"""Object keys: the one spelling of where a file's bytes live, whatever the backend.
+
+A key is the file's path relative to the data dir, `/`-separated:
+`users/{uid}/threads/{tid}/user-data/uploads/{name}` (or `threads/{tid}/...` in the
+single-user layout), exactly as `ThreadPaths` lays the thread out on disk. The local
+backend joins it to the data dir, the S3 backend puts `storage.s3.prefix` in front: an
+install moves from one to the other by copying each file to its own key, and a bucket
+listing reads like the data dir's tree.
+
+Every key is checked before any backend sees it: a `..`, `.` or empty segment, a leading
+`/` or a NUL byte could make the local backend leave the data dir (or the S3 backend
+leave its prefix), so such a key is refused, never normalised into something else.
+"""
+
+from __future__ import annotations
+
+from deerflow_web.errors import InvalidObjectKey
+from deerflow_web.models import Area
+
+# S3 refuses keys longer than 1,024 bytes (UTF-8); the prefix counts too.
+MAX_KEY_BYTES = 1024
+
+
+def check_key(key: str) -> str:
+    """`key` unchanged when it names an object inside the store; refused otherwise.
+
+    Unicode and spaces are fine (`uploads/报告 final.pdf`); what is refused is anything
+    that could name a place outside the store or two places at once.
+
+    Raises:
+        InvalidObjectKey: Empty, absolute, too long, with a NUL byte, or with an empty,
+            `.` or `..` segment.
+    """
+    if not isinstance(key, str) or not key or key.startswith("/") or "\x00" in key:
+        raise InvalidObjectKey(str(key))
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise InvalidObjectKey(key)
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidObjectKey(key)
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing prefix: empty (everything), or a checked key with an optional trailing
+    `/` (a folder).
+
+    Raises:
+        InvalidObjectKey: As `check_key`.
+    """
+    if prefix == "":
+        return prefix
+    check_key(prefix.removesuffix("/"))
+    return prefix
+
+
+def area_key(scope: str, area: Area | str, name: str) -> str:
+    """The key of file `name` in one area of a thread; `scope` is the thread's records key
+    (`ThreadPaths.scope`), which is its folder relative to the data dir."""
+    return check_key(f"{scope}/user-data/{Area(area).value}/{name}")

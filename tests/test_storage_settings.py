@@ -1,0 +1,134 @@
+"""`storage.backend` and `storage.s3.*` (settings.py), their `DEER_FLOW_STORAGE_*` variables,
+and the refusal to start on a backend the app does not serve yet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deerflow_web.agent.runtime import resolve_thread_paths
+from deerflow_web.errors import ConfigError
+from deerflow_web.settings import S3_NOT_SERVED
+from deerflow_web.settings import S3Settings
+from deerflow_web.settings import StorageSettings
+from deerflow_web.settings import load_settings
+from deerflow_web.storage.objects import make_object_store
+from deerflow_web.storage.objects.disk import DiskObjectStore
+from deerflow_web.storage.objects.s3 import S3ObjectStore
+from deerflow_web.web import create_app
+
+S3_CONFIG = """\
+storage:
+  backend: s3
+  s3:
+    endpoint_url: http://127.0.0.1:8333
+    bucket: deerflow-files
+    region: eu-central-1
+    prefix: /install-a/
+    presigned_downloads: yes
+"""
+
+
+def settings_from(tmp_path: Path, text: str, environ: dict[str, str] | None = None):
+    (tmp_path / "config.yaml").write_text(text, encoding="utf-8")
+    return load_settings(environ=environ or {}, cwd=tmp_path).storage
+
+
+def test_the_local_disk_is_the_default(tmp_path: Path) -> None:
+    assert load_settings(environ={}, cwd=tmp_path).storage == StorageSettings("local")
+    assert isinstance(make_object_store(StorageSettings(), tmp_path), DiskObjectStore)
+
+
+def test_s3_settings_from_the_file(tmp_path: Path) -> None:
+    storage = settings_from(tmp_path, S3_CONFIG)
+    assert storage == StorageSettings(
+        "s3",
+        S3Settings(
+            endpoint_url="http://127.0.0.1:8333",
+            bucket="deerflow-files",
+            region="eu-central-1",
+            prefix="install-a",
+            presigned_downloads=True,
+        ),
+    )
+
+
+def test_the_environment_wins_over_the_file(tmp_path: Path) -> None:
+    environ = {
+        "DEER_FLOW_STORAGE_S3_BUCKET": "other-bucket",
+        "DEER_FLOW_STORAGE_S3_PREFIX": "b",
+        "DEER_FLOW_STORAGE_S3_PRESIGNED_DOWNLOADS": "false",
+        "DEER_FLOW_STORAGE_S3_ENDPOINT_URL": "http://minio:9000",
+        "DEER_FLOW_STORAGE_S3_REGION": "us-west-2",
+    }
+    storage = settings_from(tmp_path, S3_CONFIG, environ)
+    assert storage.s3 == S3Settings("http://minio:9000", "other-bucket", "us-west-2", "b", False)
+
+
+def test_the_environment_alone_chooses_s3(tmp_path: Path) -> None:
+    environ = {"DEER_FLOW_STORAGE_BACKEND": "S3", "DEER_FLOW_STORAGE_S3_BUCKET": "files"}
+    storage = load_settings(environ=environ, cwd=tmp_path).storage
+    assert storage.backend == "s3" and storage.s3.bucket == "files"
+    assert storage.s3.endpoint_url is None and storage.s3.presigned_downloads is False
+
+
+def test_the_s3_store_is_built_from_the_settings(tmp_path: Path) -> None:
+    store = make_object_store(settings_from(tmp_path, S3_CONFIG), tmp_path)
+    assert isinstance(store, S3ObjectStore)
+    assert store.bucket == "deerflow-files" and store.prefix == "install-a/"
+    assert store.client.meta.endpoint_url == "http://127.0.0.1:8333"
+    assert store.client.meta.region_name == "eu-central-1"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("storage:\n  backend: nfs\n", "storage.backend must be one of: local, s3"),
+        ("storage:\n  backend: s3\n", "needs storage.s3.bucket"),
+        ("storage:\n  backend: s3\n  s3:\n    bucket: ''\n", "needs storage.s3.bucket"),
+        (
+            "storage:\n  backend: s3\n  s3:\n    bucket: b\n    prefix: a/../b\n",
+            "storage.s3.prefix 'a/../b' must be folder names",
+        ),
+    ],
+)
+def test_unusable_storage_settings_stop_start_up(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        storage = settings_from(tmp_path, text)
+        make_object_store(storage, tmp_path)
+
+
+def test_the_app_refuses_to_start_on_s3_until_it_serves_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(S3_CONFIG, encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        create_app(
+            {"TESTING": True, "BASE_DIR": str(tmp_path / "data"), "CONFIG_PATH": str(config)}
+        )
+    assert str(refused.value) == S3_NOT_SERVED
+    assert str(refused.value).startswith("storage.backend: s3 is not served yet")
+    assert not (tmp_path / "data").exists()  # refused before anything was created
+    monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "files")
+    with pytest.raises(ConfigError, match="is not served yet"):
+        create_app({"TESTING": True, "BASE_DIR": str(tmp_path / "data")})
+
+
+def test_the_example_config_keeps_the_local_disk() -> None:
+    example = Path(__file__).resolve().parents[1] / "config.example.yaml"
+    storage = load_settings(config_path=example, environ={}).storage
+    assert storage == StorageSettings("local", S3Settings(presigned_downloads=False))
+
+
+def test_the_agent_side_refuses_s3_as_the_app_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEER_FLOW_HOME", str(tmp_path / "data"))
+    assert resolve_thread_paths().base_dir == (tmp_path / "data").resolve()
+    monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "files")
+    with pytest.raises(ConfigError, match="is not served yet"):
+        resolve_thread_paths()
