@@ -114,7 +114,9 @@ class Turn:
         if _gevent_hub() is not None:
             import gevent
 
-            # Not `sleep(0)`: that only lets greenlets that are ready already run, before
-            # the loop polls for I/O, so a connection waiting on its socket would starve.
-            gevent.idle()
+            # Not `sleep(0)`: that lets only the greenlets already ready run, before the
+            # loop polls for I/O, so a connection waiting on its socket would starve. Until
+            # the loop is idle, or one more turn at most if others keep it busy.
+            with gevent.Timeout(self._seconds, False):
+                gevent.idle()
         self._ends = time.monotonic() + self._seconds

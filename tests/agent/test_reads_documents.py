@@ -100,7 +100,9 @@ def test_the_agent_reads_and_searches_unconverted_documents(
             lambda _: AIMessage("turn two done"),
         ],
     )
-    agent = documents_agent(base_dir, service, model)
+    # Two real conversions at once on a busy machine can pass the default 20 s: this test
+    # is about what the tools read, so they wait as long as a conversion can take.
+    agent = documents_agent(base_dir, service, model, read_wait_seconds=230.0)
     context = {"thread_id": "t1"}
     config = {"configurable": {"thread_id": "t1"}}
 
