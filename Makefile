@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-small bench-scale bench-instances bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
+.PHONY: run test lint bench bench-small bench-scale bench-instances bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -108,6 +108,10 @@ bench-scale: $(VENV)/.test
 # One instance vs two on one data dir; list latency on SQLite (and on $DATABASE_URL if set).
 bench-instances: $(VENV)/.test
 	$(BIN)/python bench/bench_instances.py
+
+# Small-file uploads with storage quotas on vs off, in the same run.
+bench-quotas: $(VENV)/.test
+	$(BIN)/python bench/bench_quotas.py
 
 # OCR seconds per page (text layer, scanned page, photo), worker memory peak, OCR quality.
 bench-ocr: $(VENV)/.test fonts

@@ -155,6 +155,23 @@ class InfectedFile(UploadError):
         self.signature = signature
 
 
+class QuotaExceeded(UploadError):
+    """A write would take the owner's stored bytes over their quota (`quotas.*`, or the
+    admin's override); nothing of it was kept. The numbers are bytes; `sentence` is the
+    message with them written the way every page writes sizes (services/quotas/policy.py)."""
+
+    def __init__(self, sentence: str, used: int, quota: int, needed: int) -> None:
+        super().__init__(sentence)
+        self.used = used
+        self.quota = quota
+        self.needed = needed
+
+
+class InvalidQuota(DeerFlowError):
+    """A quota that is not a whole number of bytes between 0 (unlimited) and the largest
+    one accepted."""
+
+
 class InvalidPath(UploadError):
     """A path that points outside the folder it must stay in."""
 
@@ -275,6 +292,16 @@ class NotScannedYet(ConversionError):
     def __init__(self, filename: str, reason: str) -> None:
         super().__init__(f"{filename} cannot be converted yet: {reason}")
         self.filename = filename
+
+
+class ConversionOverQuota(ConversionError):
+    """The Markdown a conversion made would take its owner over their storage quota; it
+    was not kept, and the original is untouched."""
+
+    def __init__(self, filename: str, refusal: QuotaExceeded) -> None:
+        super().__init__(f"{filename} was not converted: {refusal}")
+        self.filename = filename
+        self.refusal = refusal
 
 
 class ConversionTimedOut(ConversionError):

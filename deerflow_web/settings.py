@@ -180,6 +180,80 @@ class HistorySettings:
         )
 
 
+# 10 GiB: enough for a person's documents many times over (two hundred files at the
+# default 50 MiB limit), and a bound on what one account can put on a shared disk.
+DEFAULT_QUOTA_BYTES = 10 * 1024**3
+QUOTA_ENV = "DEER_FLOW_QUOTAS_DEFAULT_BYTES"
+
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    """Per-user storage quotas: the default every account (and the single-user mode's one
+    owner) has unless an admin gives it its own; None: unlimited."""
+
+    default_bytes: int | None = DEFAULT_QUOTA_BYTES
+
+
+def quotas_from(quotas: Mapping[str, Any], environ: Mapping[str, str]) -> QuotaSettings:
+    """Read `quotas.default_bytes` (DEER_FLOW_QUOTAS_DEFAULT_BYTES wins): a whole number
+    of bytes, `null`/0 for unlimited; anything else falls back with a warning."""
+    if QUOTA_ENV in environ:
+        raw: object = environ[QUOTA_ENV].strip()
+        where = QUOTA_ENV
+        if raw in ("", "null", "none"):
+            return QuotaSettings(None)
+    elif "default_bytes" in quotas:
+        raw = quotas["default_bytes"]
+        where = "quotas.default_bytes"
+        if raw is None:
+            return QuotaSettings(None)
+    else:
+        return QuotaSettings()
+    try:
+        if isinstance(raw, bool) or isinstance(raw, float) and not raw.is_integer():
+            raise ValueError(raw)
+        value = int(raw)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0:
+        logger.warning(
+            "%s=%r is not a number of bytes (0 or null: unlimited); using %d",
+            where,
+            raw,
+            DEFAULT_QUOTA_BYTES,
+        )
+        return QuotaSettings()
+    return QuotaSettings(value or None)
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """Threads nobody touched for `thread_days` are removed by a sweeper (None: never);
+    the sweeper runs every `sweep_interval_minutes` on one instance at a time."""
+
+    thread_days: float | None = None
+    sweep_interval_minutes: float = 60.0
+
+    @classmethod
+    def from_mapping(cls, retention: Mapping[str, Any]) -> RetentionSettings:
+        """Read `retention.*`; a missing, null or 0 `thread_days` keeps threads for ever."""
+        days = retention.get("thread_days")
+        thread_days = None
+        if days not in (None, 0, "0", False):
+            thread_days = (
+                positive_setting(retention, "thread_days", 0.0, section_name="retention") or None
+            )
+        return cls(
+            thread_days=thread_days,
+            sweep_interval_minutes=positive_setting(
+                retention,
+                "sweep_interval_minutes",
+                cls.sweep_interval_minutes,
+                section_name="retention",
+            ),
+        )
+
+
 SCAN_POLICIES = ("refuse", "accept_unscanned")
 
 
@@ -469,6 +543,8 @@ class Settings:
     # A group (name or gid) that may read the data dir's thread files, for a sandbox that
     # runs as another user in it; None: everything is the service's user's only.
     storage_group: str | None = None
+    quotas: QuotaSettings = field(default_factory=QuotaSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
 
 
@@ -705,5 +781,7 @@ def load_settings(
         connections=ConnectionLimits.from_mapping(server),
         secret_key=env.get("SECRET_KEY") or _optional_string(server.get("secret_key")),
         storage_group=_optional_string(str(_section(config, "storage").get("group") or "")),
+        quotas=quotas_from(_section(config, "quotas"), env),
+        retention=RetentionSettings.from_mapping(_section(config, "retention")),
         storage=StorageSettings.from_mapping(_section(config, "storage"), env),
     )

@@ -324,6 +324,12 @@ function init() {
       })
       .then(function (html) {
         var fresh = new DOMParser().parseFromString(html, "text/html");
+        // The header's storage usage changed with the list (an upload, a delete).
+        var freshUsage = fresh.getElementById("storage-usage");
+        var oldUsage = document.getElementById("storage-usage");
+        if (freshUsage && oldUsage) {
+          oldUsage.replaceWith(document.importNode(freshUsage, true));
+        }
         var freshPanel = fresh.querySelector(".list-panel");
         var freshRoot = fresh.getElementById("file-manager");
         var oldPanel = listPanel();

@@ -254,6 +254,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         scanning: dict[str, Any] | None = None,
         versions: dict[str, Any] | None = None,
         trash: dict[str, Any] | None = None,
+        quotas: dict[str, Any] | None = None,
+        retention: dict[str, Any] | None = None,
         test_user: bool = True,
         **overrides: Any,
     ) -> Flask:
@@ -273,6 +275,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
                 ("scanning", scanning),
                 ("versions", versions),
                 ("trash", trash),
+                ("quotas", quotas),
+                ("retention", retention),
             )
             if value is not None
         }
@@ -294,6 +298,7 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         services.conversions.stop_keeper()
         if services.rescans is not None:
             services.rescans.stop()
+        services.retention.stop()
         services.engine.dispose()
 
 

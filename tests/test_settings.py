@@ -186,3 +186,39 @@ def test_image_limits_are_read_and_bad_ones_fall_back(tmp_path: Path) -> None:
     agent = load_settings(environ={}, cwd=tmp_path).agent
     assert agent.vision is True
     assert agent.images == ImageLimits(max_edge=1024, max_images=5, max_pixels=40_000_000)
+
+
+@pytest.mark.parametrize(
+    ("config", "environ", "expected"),
+    (
+        ("", {}, 10 * 1024**3),
+        ("quotas:\n  default_bytes: 1048576\n", {}, 1048576),
+        ("quotas:\n  default_bytes: null\n", {}, None),
+        ("quotas:\n  default_bytes: 0\n", {}, None),
+        ("quotas:\n  default_bytes: 5\n", {"DEER_FLOW_QUOTAS_DEFAULT_BYTES": "77"}, 77),
+        ("", {"DEER_FLOW_QUOTAS_DEFAULT_BYTES": "0"}, None),
+        ("", {"DEER_FLOW_QUOTAS_DEFAULT_BYTES": "null"}, None),
+    ),
+)
+def test_quota_default(tmp_path: Path, config: str, environ: dict, expected: int | None) -> None:
+    write(tmp_path / "config.yaml", config)
+    settings = load_settings(environ=environ, cwd=tmp_path)
+    assert settings.quotas.default_bytes == expected
+
+
+@pytest.mark.parametrize("bad", ("-1", "lots", "1.5", "true"))
+def test_a_bad_quota_default_falls_back_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, bad: str
+) -> None:
+    write(tmp_path / "config.yaml", f"quotas:\n  default_bytes: {bad}\n")
+    settings = load_settings(environ={}, cwd=tmp_path)
+    assert settings.quotas.default_bytes == 10 * 1024**3
+    assert "quotas.default_bytes" in caplog.text
+
+
+def test_retention_is_off_unless_set(tmp_path: Path) -> None:
+    assert load_settings(environ={}, cwd=tmp_path).retention.thread_days is None
+    write(tmp_path / "config.yaml", "retention:\n  thread_days: 0\n")
+    assert load_settings(environ={}, cwd=tmp_path).retention.thread_days is None
+    write(tmp_path / "config.yaml", "retention:\n  thread_days: 30\n")
+    assert load_settings(environ={}, cwd=tmp_path).retention.thread_days == 30.0

@@ -276,6 +276,16 @@ share_links = Table(
     Index("ix_share_links_thread", "user_id", "thread_id"),
 )
 
+user_quotas = Table(
+    "user_quotas",
+    metadata,
+    # An admin's override of one account's storage quota (`quotas.default_bytes` applies to
+    # everyone without a row). `quota_bytes` NULL: unlimited for this account.
+    Column("user_id", String(36), ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    Column("quota_bytes", BigInteger),
+    Column("updated_at", Float, nullable=False),
+)
+
 share_link_hits = Table(
     "share_link_hits",
     metadata,
@@ -323,6 +333,22 @@ trashed_files = Table(
     Index("ix_trashed_files_scope", "scope", "deleted_at"),
     Index("ix_trashed_files_expiry", "deleted_at"),
 )
+
+
+def seed_record_versions(db: Connection) -> None:
+    """Give every thread with records and no `record_versions` row one (version 1): rows
+    copied in from elsewhere (a migration, an import of an earlier release's file) are
+    then covered by the version every later write bumps."""
+    from sqlalchemy import exists
+    from sqlalchemy import literal
+    from sqlalchemy import select
+
+    missing = (
+        select(uploads.c.scope, literal(1))
+        .where(~exists().where(record_versions.c.scope == uploads.c.scope))
+        .distinct()
+    )
+    db.execute(record_versions.insert().from_select(["scope", "version"], missing))
 
 
 class DatabaseUnavailable(Exception):

@@ -36,6 +36,7 @@ from deerflow_web.storage.database import default_database_url
 from deerflow_web.storage.database import make_engine
 from deerflow_web.storage.database import preview_turns
 from deerflow_web.storage.database import resumable_uploads
+from deerflow_web.storage.database import seed_record_versions
 from deerflow_web.storage.database import uploads
 from deerflow_web.storage.database import write_transaction
 
@@ -116,6 +117,8 @@ def upgrade_database(engine: Engine, base_dir: Path | None = None) -> None:
         for path in _legacy_files(base_dir):
             _import_legacy(connection, path)
             imported.append(path)
+        if imported:
+            seed_record_versions(connection)
     for path in imported:
         try:
             path.rename(path.with_name(path.name + IMPORTED_SUFFIX))

@@ -72,10 +72,27 @@ class PendingCaps:
     total_bytes: int | None
 
 
+class WriteCheck(Protocol):
+    """One write's quota check, made once the write is in its transaction."""
+
+    def check(self, added: int, released: int = 0, reserved: int = 0) -> None: ...
+
+
+class QuotaGate(Protocol):
+    """Admits writes against owners' quotas (services/quotas/policy.py)."""
+
+    def admit(self, db: Connection, owner: str) -> WriteCheck | None: ...
+
+
 class ResumableStore(Protocol):
     """Where the state of unfinished resumable uploads lives; shared by every process."""
 
-    def add(self, upload: ResumableUpload, caps: PendingCaps | None = None) -> None: ...
+    def add(
+        self,
+        upload: ResumableUpload,
+        caps: PendingCaps | None = None,
+        quotas: QuotaGate | None = None,
+    ) -> None: ...
     def get(self, upload_id: str) -> ResumableUpload | None: ...
     def update(
         self,
@@ -130,16 +147,24 @@ class DatabaseResumableStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def add(self, upload: ResumableUpload, caps: PendingCaps | None = None) -> None:
-        """Record a new upload, unless its user's unfinished ones would go over `caps`.
+    def add(
+        self,
+        upload: ResumableUpload,
+        caps: PendingCaps | None = None,
+        quotas: QuotaGate | None = None,
+    ) -> None:
+        """Record a new upload, unless its user's unfinished ones would go over `caps`,
+        or its declared length would take its owner over their storage quota.
 
         The count and the insert are one write transaction, and each user's creations
         queue on one lock (SQLite: the write lock; PostgreSQL: an advisory lock keyed by
         the user), so creations racing on several processes or instances cannot all slip
-        under a cap.
+        under a cap; the quota's check is made in the same transaction, under the owner's
+        quota lock, once the row (the reservation of `Upload-Length`) is in.
 
         Raises:
             PendingUploadsCap: Over the count or the declared bytes.
+            QuotaExceeded: Over the owner's quota; nothing is recorded.
         """
         values: dict[str, Any] = {
             "upload_id": upload.upload_id,
@@ -158,7 +183,10 @@ class DatabaseResumableStore:
         with write_transaction(self.engine) as db:
             if caps is not None:
                 self._check_caps(db, upload, caps)
+            admission = quotas.admit(db, upload.ref.user_id) if quotas is not None else None
             db.execute(insert(resumable_uploads).values(values))
+            if admission is not None:
+                admission.check(upload.length)
 
     @staticmethod
     def _check_caps(db: Connection, upload: ResumableUpload, caps: PendingCaps) -> None:

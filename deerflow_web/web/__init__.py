@@ -29,6 +29,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web import thread_access
     from deerflow_web.web import wiring
     from deerflow_web.web.accounts import gate as auth
+    from deerflow_web.web.accounts import usage
     from deerflow_web.web.errors import register_error_handlers
     from deerflow_web.web.extensions import csrf
     from deerflow_web.web.marks import PROBE
@@ -72,6 +73,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     wiring.init_app(app, settings)
     helpers.register(app)
     app.add_template_global(auth.signed_in, "auth_user")
+    usage.init_app(app)
     if settings.trusted_proxies:
         # Behind a load balancer: the client's address (lockouts), scheme (Secure cookies),
         # host and port (the same-origin check of security.py) come from X-Forwarded-*,

@@ -109,6 +109,23 @@ def rescan_files(everything: bool) -> None:
     click.echo(report.summary())
 
 
+@files_cli.command("sweep")
+def sweep_files() -> None:
+    """Run one retention sweep now: remove the threads untouched for
+    `retention.thread_days` (never one with an upload in progress)."""
+    retention = get_services().retention
+    if not retention.enabled:
+        raise click.ClickException(
+            "Retention is off: set retention.thread_days in config.yaml first."
+        )
+    report = retention.sweep()
+    if report is None:
+        raise click.ClickException("Another instance is sweeping right now; try again later.")
+    for ref in report.removed:
+        click.echo(f"removed {ref.owner or '(single user)'}/{ref.thread_id}")
+    click.echo(report.summary())
+
+
 @db_cli.command("upgrade")
 def upgrade_db() -> None:
     """Apply the migrations (and import the files of earlier releases) under the lock.

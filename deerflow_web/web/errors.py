@@ -29,6 +29,7 @@ from deerflow_web.errors import AuthError
 from deerflow_web.errors import ChecksumMismatch
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionOverQuota
 from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import DeerFlowError
@@ -41,6 +42,7 @@ from deerflow_web.errors import InvalidInput
 from deerflow_web.errors import InvalidObjectKey
 from deerflow_web.errors import InvalidOption
 from deerflow_web.errors import InvalidPath
+from deerflow_web.errors import InvalidQuota
 from deerflow_web.errors import InvalidTusRequest
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import LockedOut
@@ -57,6 +59,7 @@ from deerflow_web.errors import PastUploadLength
 from deerflow_web.errors import PathTraversal
 from deerflow_web.errors import PendingUploadsCap
 from deerflow_web.errors import PermissionDenied
+from deerflow_web.errors import QuotaExceeded
 from deerflow_web.errors import RegistrationDisabled
 from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import ResumableExpired
@@ -112,6 +115,9 @@ STATUS_BY_ERROR: dict[type[DeerFlowError], int] = {
     TooManyFiles: 413,
     FileTooLarge: 413,
     TotalTooLarge: 413,
+    QuotaExceeded: 413,  # the owner's storage quota (issue 27)
+    InvalidQuota: 400,
+    ConversionOverQuota: 413,
     ConversionError: 422,
     NotAnArchive: 400,
     ArchiveRefused: 422,

@@ -16,6 +16,7 @@ from flask_babel import gettext as _
 from deerflow_web.errors import ArtifactChanged
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionOverQuota
 from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import ConversionTimedOut
 from deerflow_web.errors import ConversionUserLimit
@@ -32,6 +33,7 @@ from deerflow_web.errors import NotAFile
 from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import ObjectStoreUnavailable
 from deerflow_web.errors import PathTraversal
+from deerflow_web.errors import QuotaExceeded
 from deerflow_web.errors import RequestTimedOut
 from deerflow_web.errors import ScannerUnavailable
 from deerflow_web.errors import ShareLinkNotFound
@@ -94,6 +96,16 @@ def describe_error(error: DeerFlowError, limits: UploadLimits) -> str:
 
 def _describe_more(error: DeerFlowError) -> str:
     """The rest of the errors a person can meet on a page or through a page's script."""
+    if isinstance(error, ConversionOverQuota):
+        error = error.refusal
+    if isinstance(error, QuotaExceeded):
+        return _(
+            "Storage quota exceeded: %(used)s of %(quota)s used, this upload needs "
+            "%(needed)s. Nothing was saved; delete some files first.",
+            used=human_size(error.used),
+            quota=human_size(error.quota),
+            needed=human_size(error.needed),
+        )
     if isinstance(error, ConversionUserLimit):
         return _(
             "You already have the most conversions one person may have running. Try again "

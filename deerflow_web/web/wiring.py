@@ -23,6 +23,8 @@ from deerflow_web.services.history.hooks import make_history
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.tool_preview import ToolPreviewService
+from deerflow_web.services.quotas.policy import QuotaPolicy
+from deerflow_web.services.quotas.retention import RetentionSweeper
 from deerflow_web.services.scanning.events import RefusalLog
 from deerflow_web.services.scanning.rescan import Rescanner
 from deerflow_web.services.scanning.scanner import Scanner
@@ -57,11 +59,15 @@ class Services:
         # Virus scanning (issue: scan before anyone sees it): None unless configured.
         self.scanner: Scanner | None = make_scanner(settings.scanning)
         self.scan_events = ScanEvents(self.engine)
+        # Storage quotas (issue 27): checked in the transaction of every write they bound.
+        self.quotas = QuotaPolicy(self.engine, settings.quotas.default_bytes)
         self.uploads: UploadService = make_upload_service(
-            settings.base_dir, settings.limits, self.engine, self.scanner
+            settings.base_dir, settings.limits, self.engine, self.scanner, self.quotas
         )
         # Versions on every replace, the trash on every delete (issue 27).
-        self.history: ThreadHistory = make_history(self.uploads, settings.history, self.scanner)
+        self.history: ThreadHistory = make_history(
+            self.uploads, settings.history, self.scanner, self.quotas
+        )
         self.conversions = ConversionJobs(self.uploads, settings.conversion)
         self.extractor = ArchiveExtractor(self.uploads, settings.archives)
         self.intake = UploadIntake(
@@ -93,6 +99,14 @@ class Services:
         # Each user's threads (SPEC 7.4, DeerFlow's /api/threads), in both modes.
         self.threads = ThreadCatalog(self.uploads, self.chat_previews)
         self.share_links = ShareLinks(self.engine)
+        # Retention (issue 27): off unless `retention.thread_days` is set.
+        self.retention = RetentionSweeper(
+            self.threads,
+            JobLeases(self.engine),
+            settings.retention.thread_days,
+            interval_seconds=settings.retention.sweep_interval_minutes * 60,
+            purge_trash=self.history.trash_bin.purge_expired_trash,
+        )
         self.thumbnails = Thumbnails(settings.base_dir)
         self._accounts: AccountService | None = None
 
@@ -150,6 +164,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     services.conversions.reclaim_interrupted_jobs()
     if services.rescans is not None:
         services.rescans.start(settings.scanning.rescan_interval_seconds)
+    services.retention.start()
     app.extensions[EXTENSION_KEY] = services
 
 

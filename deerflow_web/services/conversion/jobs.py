@@ -49,10 +49,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from deerflow_web.errors import ConversionError
+from deerflow_web.errors import ConversionOverQuota
 from deerflow_web.errors import ConversionQueueFull
 from deerflow_web.errors import ConversionUserLimit
 from deerflow_web.errors import NotConvertible
 from deerflow_web.errors import NotScannedYet
+from deerflow_web.errors import QuotaExceeded
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import ACTIVE_CONVERSION_STATES
 from deerflow_web.models import SINGLE_USER
@@ -587,7 +589,13 @@ class ConversionJobs:
                 max_output_bytes=self.settings.max_output_bytes,
                 cpu_limit_seconds=self.settings.cpu_limit_seconds,
             )
-            if not self._land(filename, lambda: self._commit(folders, filename, sha256, temporary)):
+            try:
+                landed = self._land(
+                    filename, lambda: self._commit(folders, filename, sha256, temporary)
+                )
+            except QuotaExceeded as error:
+                raise ConversionOverQuota(filename, error) from error
+            if not landed:
                 return
         finally:
             temporary.unlink(missing_ok=True)
@@ -618,10 +626,14 @@ class ConversionJobs:
         folder = folders.uploads_dir()
         folders.forget_records()
         final: list[UploadRecord] | None = None
+        quotas = self.uploads.quotas
         with self.uploads.records.locked(folders.scope) as txn:
             original = txn.get(filename)
             if original is None or original.record.sha256 != sha256:
                 return  # replaced or deleted while converting: the result is stale
+            admission = (
+                quotas.admit(txn.connection, folders.ref.user_id, folders.scope) if quotas else None
+            )
             previous = next(
                 (s.record for s in txn.all() if s.record.converted_from == filename), None
             )
@@ -656,7 +668,12 @@ class ConversionJobs:
                 original.record, conversion_state=ConversionState.DONE, conversion_error=None
             )
             txn.put(replace(original, record=done))
+            if admission is not None:  # over: rolled back, the Markdown moved back out
+                replaced = previous.size if previous and previous.filename == name else 0
+                admission.check(info.st_size, replaced)
             final = [s.record for s in txn.all()]
+        if admission is not None:
+            admission.committed()
         # Committed: what it left is what the caller's next read of the handle sees.
         folders.remember_records(final)
 

@@ -37,6 +37,7 @@ from deerflow_web.errors import NotAFile
 from deerflow_web.errors import UnsafeFolder
 from deerflow_web.models import VIRTUAL_PATH_PREFIX
 from deerflow_web.models import Area
+from deerflow_web.services.quotas.policy import QuotaPolicy
 from deerflow_web.storage.history import remove_quietly
 from deerflow_web.storage.local import AtomicCommit
 from deerflow_web.storage.local import StagingFile
@@ -234,14 +235,19 @@ def edit_artifact(
     *,
     sleep: Callable[[float], None] = time.sleep,
     versions: OutputVersions | None = None,
+    quotas: QuotaPolicy | None = None,
 ) -> EditedArtifact:
     """Replace a text file under outputs/ with `content`, if it is still the opened version.
+
+    With `quotas`, an edit that makes the file larger is refused when the growth would
+    not fit in the owner's quota (outputs/ is the agent's and not counted as usage, so
+    there is nothing to reserve: the check is the owner's usage now plus the growth).
 
     Raises:
         ArtifactPrefixError, PathTraversal, UnsafeFolder, ArtifactNotEditable (not under
         outputs/), ArtifactNotFound, NotAFile, ArtifactEditUnsupported (skill archive,
         symlink, binary or non-UTF-8), ArtifactEditTooLarge, ArtifactChanged,
-        InsufficientStorage.
+        InsufficientStorage, QuotaExceeded (nothing written).
     """
     shown, named = _editable_path(thread, virtual_path)
     fd = _open_current(named, shown)
@@ -264,6 +270,8 @@ def edit_artifact(
                     thread, name, named, staged, commit, sha256=expected_sha256, size=len(current)
                 )
 
+        if quotas is not None:
+            quotas.refuse_early(thread.ref.user_id, len(new) - info.st_size)
         sha256 = _replace(named, new, stat.S_IMODE(info.st_mode), keep)
     finally:
         os.close(fd)

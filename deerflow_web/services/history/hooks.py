@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy.engine import Connection
+
 from deerflow_web.models import Area
 from deerflow_web.services.history.trash import Trash
 from deerflow_web.services.history.versions import FileScanner
 from deerflow_web.services.history.versions import FileVersions
+from deerflow_web.services.quotas.policy import QuotaPolicy
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import HistorySettings
 from deerflow_web.storage.local import AtomicCommit
@@ -70,11 +73,20 @@ class ThreadHistory:
 
 
 def make_history(
-    uploads: UploadService, settings: HistorySettings, scanner: FileScanner | None = None
+    uploads: UploadService,
+    settings: HistorySettings,
+    scanner: FileScanner | None = None,
+    quotas: QuotaPolicy | None = None,
 ) -> ThreadHistory:
     """Build the versions and the trash over the upload service, and hook them into it
-    (`scanner`: scans a version again as it is restored)."""
-    versions = FileVersions(uploads, settings, scanner=scanner)
+    (`scanner`: scans a version again as it is restored; `quotas`: versions hold at most
+    `versions.max_quota_share` of their owner's quota)."""
+
+    def versions_quota(db: Connection, owner: str) -> int | None:
+        quota = None if quotas is None else quotas.quota_on(db, owner)
+        return None if quota is None else int(quota * settings.max_quota_share)
+
+    versions = FileVersions(uploads, settings, scanner=scanner, versions_quota=versions_quota)
     history = ThreadHistory(versions, Trash(uploads, settings))
     uploads.history = history
     return history

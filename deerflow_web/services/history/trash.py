@@ -32,7 +32,6 @@ from deerflow_web.services.history.versions import MovedIn
 from deerflow_web.services.uploads.service import SavedFile
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.settings import HistorySettings
-from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.history import TrashedFile
 from deerflow_web.storage.history import delete_trashed
 from deerflow_web.storage.history import expired_trash
@@ -275,8 +274,10 @@ class Trash:
         paths = self.uploads.paths
         removed = 0
         for scope, trash_id in expired:
-            with write_transaction(engine) as db:
-                delete_trashed(db, scope, [trash_id])
+            # Under the thread's records lock, which bumps its version: the quota's kept
+            # sum of the thread, which counts the trash, is read afresh.
+            with self.uploads.records.locked(scope) as txn:
+                delete_trashed(txn.connection, scope, [trash_id])
             try:
                 folder = paths.folders(paths.parse_scope(scope)).trash_dir()
             except (ValueError, OSError) as error:

@@ -23,6 +23,7 @@ from pathlib import PurePosixPath
 from typing import Protocol
 
 from sqlalchemy import update
+from sqlalchemy.engine import Connection
 
 from deerflow_web.errors import ArtifactPrefixError
 from deerflow_web.errors import InfectedFile
@@ -34,10 +35,10 @@ from deerflow_web.models import Area
 from deerflow_web.models import OnConflict
 from deerflow_web.models import ScanState
 from deerflow_web.models import ScanVerdict
-from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.history.thinning import Aged
 from deerflow_web.services.history.thinning import versions_to_keep
+from deerflow_web.services.quotas.usage import owner_scope_prefix
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import all_or_nothing
 from deerflow_web.settings import HistorySettings
@@ -45,6 +46,7 @@ from deerflow_web.storage.database import file_versions
 from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.history import FileVersion
 from deerflow_web.storage.history import delete_versions
+from deerflow_web.storage.history import history_bytes
 from deerflow_web.storage.history import insert_version
 from deerflow_web.storage.history import link_or_copy
 from deerflow_web.storage.history import remove_quietly
@@ -135,18 +137,17 @@ class FileVersions:
         settings: HistorySettings,
         *,
         clock: Callable[[], float] = time.time,
-        budget_bytes: Callable[[ThreadRef], int | None] = lambda _ref: None,
+        versions_quota: Callable[[Connection, str], int | None] = lambda _db, _owner: None,
         scanner: FileScanner | None = None,
     ) -> None:
         self.uploads = uploads
         self.scanner = scanner  # None: scanning is off
         self.settings = settings
         self._clock = clock
-        # How many bytes this file's versions may hold, asked at each replace: the user's
-        # budget (quota x `versions.max_quota_share`) less what their other versions hold
-        # (`storage.history.history_bytes`). None: no budget, only the count and the
-        # thinning rule bound them.
-        self.budget_bytes = budget_bytes
+        # How many bytes all of an owner's versions may hold (their quota x
+        # `versions.max_quota_share`), read in the replacing write's transaction. None: no
+        # bound but the count and the thinning rule.
+        self.versions_quota = versions_quota
 
     @property
     def enabled(self) -> bool:
@@ -199,12 +200,22 @@ class FileVersions:
             [Aged(v.version_id, v.created_at, v.size) for v in versions],
             self._clock(),
             self.settings.keep_last,
-            self.budget_bytes(folders.ref),
+            self._budget(txn.connection, folders, sum(v.size for v in versions)),
         )
         dropped = [v.version_id for v in versions if v.version_id not in keep]
         delete_versions(txn.connection, folders.scope, dropped)
         folder = folders.versions_dir()
         return [folder / version_id for version_id in dropped]
+
+    def _budget(self, db: Connection, folders: ThreadFolders, own_bytes: int) -> int | None:
+        """What this file's versions may hold: the owner's versions quota less what their
+        other versions (other files, other threads) hold."""
+        owner = folders.ref.user_id
+        quota = self.versions_quota(db, owner)
+        if quota is None:
+            return None
+        all_versions, _trash = history_bytes(db, owner_scope_prefix(owner))
+        return max(quota - (all_versions - own_bytes), 0)
 
     def renamed(self, txn: RecordsTransaction, folders: ThreadFolders, old: str, new: str) -> None:
         """An upload's versions follow it to its new name; those of a file it replaced

@@ -108,6 +108,7 @@ class UploadIntake:
         content_type: str,
         on_conflict: OnConflict,
         then: AlsoInCommit | None = None,
+        reserved: int = 0,
     ) -> AcceptedUploads:
         """Commit a file staged elsewhere (a finished resumable upload) exactly as a
         multipart part (see `UploadService.commit_staged`), then convert.
@@ -135,6 +136,7 @@ class UploadIntake:
             on_conflict=on_conflict,
             then=then,
             verdict=verdict,
+            reserved=reserved,
         )
         companions = self.conversions.convert_after_upload(folders, result)
         return AcceptedUploads(result, companions, self._extract(folders, result))

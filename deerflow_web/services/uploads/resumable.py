@@ -36,6 +36,7 @@ from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import NameConflict
 from deerflow_web.errors import OffsetMismatch
 from deerflow_web.errors import PastUploadLength
+from deerflow_web.errors import QuotaExceeded
 from deerflow_web.errors import ResumableExpired
 from deerflow_web.errors import ResumableNotFound
 from deerflow_web.errors import StorageFailure
@@ -217,6 +218,9 @@ class ResumableUploadService:
             PendingUploadsCap: The user's unfinished uploads would go over
                 `uploads.resumable_max_pending` or `uploads.resumable_max_pending_bytes`
                 (counted in the database, across processes); nothing is kept.
+            QuotaExceeded: `length` would take the owner over their storage quota (the
+                declared length is reserved against it until the upload ends); nothing
+                is kept.
         """
         self.sweep_expired()
         metadata = parse_metadata(metadata_header)
@@ -253,7 +257,7 @@ class ResumableUploadService:
         # unlocked also finds the row, and keeps the file.
         staging = ResumableStaging.create(upload.staging_path)
         try:
-            self.store.add(upload, self.caps)
+            self.store.add(upload, self.caps, self.uploads.quotas)
             if length == 0:
                 return AppendOutcome(upload, self._complete(upload, staging))
         except BaseException:
@@ -478,10 +482,10 @@ class ResumableUploadService:
         """Commit the finished file like a multipart part; the upload is marked committed
         in the commit's own transaction (kept until expiry, so a retry learns so).
 
-        A refusal (`reject` and the name taken now, a link at the destination) ends the
-        upload and its bytes. A failure (the database out of reach, a full disk) keeps
-        both, the staging file back at its name: the next PATCH or HEAD at the full offset
-        commits it.
+        A refusal (`reject` and the name taken now, a link at the destination, a quota
+        lowered meanwhile) ends the upload and its bytes. A failure (the database out of
+        reach, a full disk) keeps both, the staging file back at its name: the next PATCH
+        or HEAD at the full offset commits it.
         """
         running = self._digests.take(upload.upload_id, upload.length)
         if running is not None and upload.length > 0:
@@ -502,8 +506,9 @@ class ResumableUploadService:
                 content_type=content_type,
                 on_conflict=OnConflict(upload.on_conflict),
                 then=mark_committed,
+                reserved=upload.length,  # held for it since its creation
             )
-        except (NameConflict, UnsafeFilename, InfectedFile, TooLargeToScan):
+        except (NameConflict, UnsafeFilename, InfectedFile, TooLargeToScan, QuotaExceeded):
             staging.discard()
             self.store.remove(upload.upload_id)
             raise

@@ -50,6 +50,7 @@ from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
+from deerflow_web.services.quotas.policy import QuotaPolicy
 from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import ClaimedNames
@@ -443,12 +444,14 @@ class UploadService:
         *,
         clock: Callable[[], float] = time.time,
         scanner: ContentScanner | None = None,
+        quotas: QuotaPolicy | None = None,
     ) -> None:
         self.paths = paths
         self.records = records
         self.limits = limits
         self.scanner = scanner  # None: scanning is off
         self.history: FileHistory | None = None  # set by the wiring: versions and trash
+        self.quotas = quotas  # None: nobody's storage is bounded
         self._clock = clock
         # scope -> (folder signature, monotonic time) of the last scan that matched records
         self._verified: OrderedDict[str, tuple[tuple[int, int, int], float]] = OrderedDict()
@@ -507,6 +510,7 @@ class UploadService:
         on_conflict: OnConflict = OnConflict.REPLACE,
         then: AlsoInCommit | None = None,
         verdict: ScanVerdict | None = None,
+        reserved: int = 0,
     ) -> UploadResult:
         """Commit one file staged elsewhere (a finished resumable upload) exactly as a
         multipart part is committed: the same naming, conflict, record and duplicate rules.
@@ -514,7 +518,8 @@ class UploadService:
         The staging file must sit in the thread's uploads folder. Renamed into place on
         success; otherwise left where it is, for the caller to discard (a refusal) or to
         commit again later (a failure: a database outage, a full disk). `then` writes in
-        the commit's own transaction.
+        the commit's own transaction (where it releases the `reserved` bytes the quota
+        held for the file, see `_commit`).
 
         Raises:
             NameConflict: `reject` and the name exists now.
@@ -528,7 +533,7 @@ class UploadService:
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         batch.staged[-1].verdict = verdict
         try:
-            saved = self._commit(folders, batch, then)
+            saved = self._commit(folders, batch, then, reserved)
         finally:
             folders.forget_records()
         if not saved:
@@ -540,6 +545,7 @@ class UploadService:
         folders: ThreadFolders,
         batch: _UploadBatch,
         then: AlsoInCommit | None = None,
+        reserved: int = 0,
     ) -> list[SavedFile]:
         """Rename the batch's staging files into place and write their records, as one step.
 
@@ -548,7 +554,9 @@ class UploadService:
         records as they are now: a name another request committed while this one streamed
         is taken, so `rename` numbers past it, `reject` refuses, and `replace` replaces it
         with this request's bytes and a record of those bytes (`_commit_name`). `then`
-        writes in the same transaction, once something was stored. A failure anywhere,
+        writes in the same transaction, once something was stored. The owner's quota is
+        checked last, in the transaction, against what the commit added less what it
+        replaced and the `reserved` bytes `then` released. A failure anywhere,
         the transaction's own commit included, moves every file back to its staging name
         and every replaced or removed file back into place, so disk and records stay as
         they were.
@@ -559,6 +567,13 @@ class UploadService:
         let_go: list[Path] = []  # history files thinning dropped, removed once committed
         with all_or_nothing(commit, lambda: current, lambda: f"Failed to upload {current}"):
             with self.records.locked(folders.scope) as txn:
+                # The owner's quota, checked in this transaction once its writes are in
+                # (a refusal rolls it back and the renames with it).
+                admission = (
+                    self.quotas.admit(txn.connection, folders.ref.user_id, folders.scope)
+                    if self.quotas is not None
+                    else None
+                )
                 # Streaming took a while: a link planted meanwhile is refused before any
                 # rename goes through it.
                 folders.recheck(batch.folder)
@@ -569,6 +584,7 @@ class UploadService:
                 known = txn.get_many(item.name for item in batch.staged)
                 written: list[StoredRecord] = []
                 committed: set[str] = set()
+                released = 0  # bytes the commit frees in the records, for the quota
                 for item in batch.staged:
                     item.name = current = _commit_name(txn, batch, item, committed)
                     dest = batch.folder / item.name
@@ -577,15 +593,17 @@ class UploadService:
                         batch.skipped.append(item.name)
                         continue
                     previous = known[item.name] if item.name in known else txn.get(item.name)
-                    if (
+                    kept_as_version = (
                         self.history is not None
                         and previous is not None
                         and previous.record.sha256 != item.sha256
                         and os.path.lexists(dest)
-                    ):
+                    )
+                    if kept_as_version:
                         # The bytes being replaced stay reachable as a version: a second
                         # name (a link, no copy) made before the rename, undone with it.
-                        let_go += self.history.keep_version(
+                        # They stay counted; the versions thinning drops are freed.
+                        dropped = self.history.keep_version(
                             txn,
                             folders,
                             commit,
@@ -596,13 +614,19 @@ class UploadService:
                             size=previous.record.size,
                             content_type=previous.record.content_type,
                         )
+                        let_go += dropped
+                        released += sum(_size_on_disk(path) for path in dropped)
+                    elif previous is not None:
+                        released += previous.record.size
                     commit.rename(item.staging.path, dest)
                     committed.add(item.name)
                     if previous is not None and previous.record.sha256 != item.sha256:
                         txn.put_many(written)  # a companion may be among them
                         written.clear()
-                        dropped = self._drop_companions(txn, batch.folder, item.name, commit)
+                        freed: list[int] = []
+                        dropped = self._drop_companions(txn, batch.folder, item.name, commit, freed)
                         known.update(dict.fromkeys(dropped))
+                        released += sum(freed)
                     stored = self._stored_in_place(dest, item)
                     written.append(stored)
                     saved.append(SavedFile(stored.record, seen.get(item.sha256)))
@@ -610,6 +634,10 @@ class UploadService:
                 txn.put_many(written)
                 if then is not None and saved:
                     then(txn, saved)
+                if admission is not None and saved:
+                    admission.check(sum(s.record.size for s in saved), released, reserved)
+        if admission is not None:
+            admission.committed()
         for item in batch.staged:
             item.staging.close()  # held (locked) until the records said so too
         remove_quietly(let_go)
@@ -832,9 +860,11 @@ class UploadService:
         folder: Path,
         original: str,
         commit: AtomicCommit | None = None,
+        sizes: list[int] | None = None,
     ) -> list[str]:
-        """Delete the `.md` files converted from `original`; return their names. With
-        `commit`, each is only set aside until the commit holds (`AtomicCommit.remove`)."""
+        """Delete the `.md` files converted from `original`; return their names (and add
+        their sizes to `sizes`). With `commit`, each is only set aside until the commit
+        holds (`AtomicCommit.remove`)."""
         dropped = []
         for stored in self._companions(txn, original):
             record = stored.record
@@ -846,6 +876,8 @@ class UploadService:
                     commit.remove(path)
             txn.delete(record.filename)
             dropped.append(record.filename)
+            if sizes is not None:
+                sizes.append(record.size)
         return dropped
 
     @staticmethod
@@ -975,6 +1007,14 @@ def all_or_nothing(
     commit.forget_backups()
 
 
+def _size_on_disk(path: Path) -> int:
+    """The bytes a history file holds (0 when it is gone already)."""
+    try:
+        return os.lstat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _commit_name(
     txn: RecordsTransaction, batch: _UploadBatch, item: _Staged, committed: set[str]
 ) -> str:
@@ -1052,6 +1092,7 @@ def make_upload_service(
     limits: UploadLimits | None = None,
     engine: Engine | None = None,
     scanner: ContentScanner | None = None,
+    quotas: QuotaPolicy | None = None,
 ) -> UploadService:
     """Build the service over a data dir: the one place storage objects are assembled.
 
@@ -1060,4 +1101,4 @@ def make_upload_service(
     """
     paths = ThreadPaths(base_dir)
     records = DatabaseUploadRecords(engine or open_database(paths.base_dir))
-    return UploadService(paths, records, limits or UploadLimits(), scanner=scanner)
+    return UploadService(paths, records, limits or UploadLimits(), scanner=scanner, quotas=quotas)

@@ -20,20 +20,24 @@ from flask import request
 from flask.typing import ResponseReturnValue
 
 from deerflow_web.errors import InvalidInput
+from deerflow_web.errors import InvalidQuota
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import RegistrationDisabled
+from deerflow_web.models import SINGLE_USER as NO_ACCOUNT
 from deerflow_web.services.accounts.service import ADMIN
 from deerflow_web.services.accounts.service import USER
 from deerflow_web.services.accounts.service import Account
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.accounts.service import ApiToken
+from deerflow_web.services.quotas.policy import parse_quota
 from deerflow_web.settings import parse_bool
 from deerflow_web.web.accounts.gate import NO_STORE
 from deerflow_web.web.accounts.gate import SignedInUser
 from deerflow_web.web.accounts.gate import end_session
 from deerflow_web.web.accounts.gate import signed_in
 from deerflow_web.web.accounts.gate import start_session
+from deerflow_web.web.accounts.usage import owner_usage
 from deerflow_web.web.marks import before_password_change
 from deerflow_web.web.marks import csrf_exempt
 from deerflow_web.web.marks import public
@@ -164,8 +168,9 @@ def logout() -> ResponseReturnValue:
 @bp.get("/me")
 @before_password_change()
 def me() -> ResponseReturnValue:
-    """The signed-in account."""
-    return _user().account.as_response()
+    """The signed-in account, with what it stores and may store."""
+    user = _user()
+    return {**user.account.as_response(), "usage": owner_usage(user.id).as_dict()}
 
 
 @bp.post("/change-password")
@@ -300,6 +305,48 @@ def reset_password(user_id: str) -> ResponseReturnValue:
     }
 
 
+def _quota_json(user_id: str) -> dict[str, Any]:
+    policy = get_services().quotas
+    has_own, _own = policy.overrides.get(user_id)
+    usage = owner_usage(user_id)
+    return {
+        "user_id": user_id,
+        "quota_bytes": usage.quota_bytes,
+        "default": not has_own,
+        "usage": usage.as_dict(),
+    }
+
+
+@admin_bp.get("/users/<user_id>/quota")
+def get_quota(user_id: str) -> ResponseReturnValue:
+    """An account's storage quota and usage."""
+    _admin()
+    _service().get_user(user_id)  # 404 for an unknown account
+    return _quota_json(user_id)
+
+
+@admin_bp.put("/users/<user_id>/quota")
+def set_quota(user_id: str) -> ResponseReturnValue:
+    """Give an account its own quota (`quota_bytes`: bytes, 0 or null for unlimited)."""
+    _admin()
+    data = json_body()
+    if "quota_bytes" not in data:
+        raise InvalidQuota("quota_bytes is required: a whole number of bytes, 0 or null")
+    quota = parse_quota(data["quota_bytes"])
+    _service().get_user(user_id)
+    get_services().quotas.overrides.set(user_id, quota)
+    return _quota_json(user_id)
+
+
+@admin_bp.delete("/users/<user_id>/quota")
+def clear_quota(user_id: str) -> ResponseReturnValue:
+    """Let the configured default quota apply to the account again."""
+    _admin()
+    _service().get_user(user_id)
+    get_services().quotas.overrides.clear(user_id)
+    return _quota_json(user_id)
+
+
 def _single_user(body: dict[str, Any]) -> Response:
     response = jsonify(body)
     response.headers["Cache-Control"] = NO_STORE
@@ -308,8 +355,9 @@ def _single_user(body: dict[str, Any]) -> Response:
 
 @single_user_bp.get("/me")
 def single_user_me() -> ResponseReturnValue:
-    """The one local user of the single-user mode, as DeerFlow answers it."""
-    return _single_user(SINGLE_USER)
+    """The one local user of the single-user mode, as DeerFlow answers it, with what the
+    one owner stores and may store."""
+    return _single_user({**SINGLE_USER, "usage": owner_usage(NO_ACCOUNT).as_dict()})
 
 
 @single_user_bp.get("/setup-status")

@@ -14,6 +14,7 @@ from wtforms.validators import DataRequired
 from wtforms.validators import InputRequired
 from wtforms.validators import NumberRange
 from wtforms.validators import Optional
+from wtforms.validators import Regexp
 
 from deerflow_web.web.files.forms import PageForm
 
@@ -71,3 +72,15 @@ class NewUserForm(PageForm):
     email = EmailField(_l("Email"), validators=[DataRequired(_l("Enter an email."))])
     password = PasswordField(_l("Password"), validators=[InputRequired(_l("Choose a password."))])
     system_role = SelectField(_l("Role"), choices=role_choices, default="user")
+
+
+class QuotaForm(PageForm):
+    """An account's storage quota, in MiB: empty for the configured default, 0 for none."""
+
+    quota_mib = StringField(
+        _l("Quota in MiB (0: unlimited, empty: the default)"),
+        validators=[
+            Optional(),
+            Regexp(r"^\s*\d{1,10}\s*$", message=_l("Enter a whole number of MiB.")),
+        ],
+    )

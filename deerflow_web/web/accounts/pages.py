@@ -25,11 +25,13 @@ from deerflow_web.errors import PermissionDenied
 from deerflow_web.errors import SelfDisable
 from deerflow_web.errors import SelfReset
 from deerflow_web.services.accounts.service import AccountService
+from deerflow_web.services.quotas.policy import parse_quota
 from deerflow_web.services.scanning.events import refusals_and_quarantine
 from deerflow_web.web.accounts.forms import ChangePasswordForm
 from deerflow_web.web.accounts.forms import IdForm
 from deerflow_web.web.accounts.forms import LoginForm
 from deerflow_web.web.accounts.forms import NewUserForm
+from deerflow_web.web.accounts.forms import QuotaForm
 from deerflow_web.web.accounts.forms import SetupForm
 from deerflow_web.web.accounts.forms import TokenForm
 from deerflow_web.web.accounts.gate import SignedInUser
@@ -38,6 +40,7 @@ from deerflow_web.web.accounts.gate import keep_once
 from deerflow_web.web.accounts.gate import signed_in
 from deerflow_web.web.accounts.gate import start_session
 from deerflow_web.web.accounts.gate import take_once
+from deerflow_web.web.accounts.usage import owner_usage
 from deerflow_web.web.marks import before_password_change
 from deerflow_web.web.marks import public
 from deerflow_web.web.security import safe_next
@@ -233,12 +236,17 @@ def _admin_page(status: int = 200, **context: object) -> ResponseReturnValue:
     admin = _admin()
     values = {"new_user_form": NewUserForm(formdata=None), "temporary": None}
     values.update(context)
+    users = _service().list_users()
+    overrides = get_services().quotas.overrides
     return (
         render_template(
             "pages/admin.html",
             me=admin.account,
-            users=_service().list_users(),
+            users=users,
+            usage_by_user={user.id: owner_usage(user.id) for user in users},
+            own_quota={user.id: overrides.get(user.id)[0] for user in users},
             action_form=IdForm(formdata=None),
+            quota_form=QuotaForm(formdata=None),
             **values,
         ),
         status,
@@ -308,4 +316,29 @@ def user_action(user_id: str, action: str) -> ResponseReturnValue:
         flash(_("Change your own password on your account page."), "error")
     except DeerFlowError as error:
         flash(str(error), "error")
+    return redirect(url_for("account_pages.admin"))
+
+
+@bp.post("/admin/users/<user_id>/quota")
+def set_quota(user_id: str) -> ResponseReturnValue:
+    """Set an account's storage quota in MiB (empty: the default, 0: unlimited)."""
+    _admin()
+    form = QuotaForm()
+    if not form.validate_on_submit():
+        for errors in form.errors.values():
+            for error in errors:
+                flash(str(error), "error")
+        return _admin_page(400)
+    try:
+        account = _service().get_user(user_id)
+        overrides = get_services().quotas.overrides
+        raw = (form.quota_mib.data or "").strip()
+        if not raw:
+            overrides.clear(user_id)
+        else:
+            overrides.set(user_id, parse_quota(int(raw) * 1024 * 1024))
+    except DeerFlowError as error:
+        flash(str(error), "error")
+        return _admin_page(400)
+    flash(_("Saved the storage quota of %(email)s.", email=account.email), "success")
     return redirect(url_for("account_pages.admin"))

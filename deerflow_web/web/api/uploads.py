@@ -229,5 +229,6 @@ def edit_artifact_content(virtual_path: str) -> ResponseReturnValue:
         content,
         expected_sha256,
         versions=versions if versions.enabled else None,
+        quotas=get_upload_service().quotas,
     )
     return edited.as_dict()

@@ -33,6 +33,12 @@ from deerflow_web.web.transport.multipart import multipart_reader
 from deerflow_web.web.transport.multipart import upload_body_limit
 from deerflow_web.web.wiring import get_services
 
+# What a multipart body may hold besides its files' bytes (boundaries, part headers, form
+# fields), so the early quota check never refuses a body whose files would fit.
+MULTIPART_FRAMING_SLACK = 64 * 1024
+# Bodies from this size are checked against the quota before they are read.
+EARLY_QUOTA_CHECK_BYTES = 1024 * 1024
+
 
 class NoFileChosen(Exception):
     """A form was posted without a file: no `files` part, or one nameless part."""
@@ -85,7 +91,25 @@ def accept_uploads(
     """Stream `files` into the upload intake; `on_conflict` from the query or the fields."""
     field = OnConflict.named(fields.get("on_conflict"), OnConflict.REPLACE)
     on_conflict = OnConflict.named(request.args.get("on_conflict"), field)  # the query wins
+    _refuse_over_quota(thread, on_conflict)
     return get_services().intake.accept(thread, files, on_conflict=on_conflict)
+
+
+def _refuse_over_quota(thread: ThreadFolders, on_conflict: OnConflict) -> None:
+    """413 before a file byte is read when the declared body (of 1 MiB or more) cannot fit
+    in the owner's quota, less its multipart framing and, for `replace`, what the thread's
+    files could free (the commit decides exactly, `UploadService._commit`)."""
+    uploads = get_services().uploads
+    length = request.content_length
+    if uploads.quotas is None or length is None or length < EARLY_QUOTA_CHECK_BYTES:
+        return  # a small body costs less to read than the look: the commit decides
+
+    def replaceable() -> int:
+        if on_conflict is not OnConflict.REPLACE:
+            return 0
+        return sum(record.size for record in uploads.records_of(thread))
+
+    uploads.quotas.refuse_early(thread.ref.user_id, length - MULTIPART_FRAMING_SLACK, replaceable)
 
 
 def flash_form_errors(form: FlaskForm) -> None:

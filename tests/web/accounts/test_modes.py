@@ -112,6 +112,7 @@ def test_single_user_mode_answers_deerflows_me_and_setup_status(make_app) -> Non
         "system_role": "admin",
         "needs_setup": False,
         "oauth_provider": None,
+        "usage": {"bytes": 0, "quota_bytes": 10 * 1024**3},  # the one owner's (issue 27)
     }
     status = client.get("/api/v1/auth/setup-status")
     assert status.get_json() == {"needs_setup": False, "registration_enabled": False}
