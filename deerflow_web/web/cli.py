@@ -111,8 +111,9 @@ def rescan_files(everything: bool) -> None:
 
 @files_cli.command("sweep")
 def sweep_files() -> None:
-    """Run one retention sweep now: remove the threads untouched for
-    `retention.thread_days` (never one with an upload in progress)."""
+    """Run one retention sweep now: the threads untouched for `retention.thread_days`
+    (never one with an upload in progress) have their files moved to the trash, and are
+    removed once that trash has expired."""
     retention = get_services().retention
     if not retention.enabled:
         raise click.ClickException(
@@ -121,6 +122,10 @@ def sweep_files() -> None:
     report = retention.sweep()
     if report is None:
         raise click.ClickException("Another instance is sweeping right now; try again later.")
+    for ref in report.trashed:
+        click.echo(
+            f"moved to the trash: the files of {ref.owner or '(single user)'}/{ref.thread_id}"
+        )
     for ref in report.removed:
         click.echo(f"removed {ref.owner or '(single user)'}/{ref.thread_id}")
     click.echo(report.summary())

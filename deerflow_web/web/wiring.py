@@ -105,7 +105,7 @@ class Services:
             JobLeases(self.engine),
             settings.retention.thread_days,
             interval_seconds=settings.retention.sweep_interval_minutes * 60,
-            purge_trash=self.history.trash_bin.purge_expired_trash,
+            trash=self.history.trash_bin,
         )
         self.thumbnails = Thumbnails(settings.base_dir)
         self._accounts: AccountService | None = None

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func
 from sqlalchemy import select
@@ -36,6 +37,7 @@ from sqlalchemy import select
 from deerflow_web.errors import InvalidUserId
 from deerflow_web.errors import ThreadNotFound
 from deerflow_web.errors import UnsafeFolder
+from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import ThreadRef
 from deerflow_web.services.threads.catalog import ThreadCatalog
@@ -47,6 +49,9 @@ from deerflow_web.storage.database import uploads
 from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.paths import is_staging_name
+
+if TYPE_CHECKING:
+    from deerflow_web.services.history.trash import Trash
 
 logger = logging.getLogger(__name__)
 
@@ -60,25 +65,45 @@ class SweepReport:
     """What one sweep did, for the log and the command line."""
 
     removed: list[ThreadRef] = field(default_factory=list)
+    trashed: list[ThreadRef] = field(default_factory=list)
     kept_in_progress: list[ThreadRef] = field(default_factory=list)
     checked: int = 0
 
     def summary(self) -> str:
         return (
-            f"retention sweep: {len(self.removed)} thread(s) removed, "
+            f"retention sweep: {len(self.trashed)} thread(s) moved to the trash, "
+            f"{len(self.removed)} removed, "
             f"{len(self.kept_in_progress)} kept for an upload in progress, "
             f"{self.checked} checked"
         )
 
 
-def retire_thread(catalog: ThreadCatalog, ref: ThreadRef) -> None:
-    """Take an expired thread away from its owner.
+def retire_thread(catalog: ThreadCatalog, ref: ThreadRef, trash: Trash | None) -> bool:
+    """Take an expired thread away from its owner; True once it is deleted for good.
 
-    For now it is deleted for good (`ThreadCatalog.delete`: its folder, records,
-    unfinished uploads and row). Once the trash lands this becomes a move to the trash,
-    whose own expiry then purges it: this function is the one place that changes.
+    With a trash, in two steps, so nothing goes without the trash's grace: its files
+    move into the thread's trash (restorable for `trash.days`, as after any delete; the
+    thread stays, empty), and a later sweep, once the trash's own expiry has emptied it
+    and the thread is untouched again, deletes the thread (`ThreadCatalog.delete`: its
+    folder, records, unfinished uploads and row). Without one it is deleted at once.
     """
+    if trash is None or not trash.enabled:
+        catalog.delete(ref)
+        return True
+    uploads = trash.uploads
+    records = uploads.list_uploads(ref)
+    if records:
+        # Originals first: a companion goes into the trash with its original.
+        for record in sorted(records, key=lambda r: r.converted_from is not None):
+            try:
+                uploads.delete_upload(ref, record.filename)
+            except UploadNotFound:
+                continue  # a companion that went with its original
+        return False
+    if trash.list(ref):
+        return False  # its trash expires first
     catalog.delete(ref)
+    return True
 
 
 class RetentionSweeper:
@@ -93,16 +118,16 @@ class RetentionSweeper:
         interval_seconds: float = 3600.0,
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
-        purge_trash: Callable[[float], int] | None = None,
+        trash: Trash | None = None,
     ) -> None:
-        """`purge_trash(now)` empties what the trash holds past its expiry, once there is
-        a trash (None until then); it runs in every sweep, under the same lease."""
+        """`trash`: where an expired thread's files go first (None: deleted at once); its
+        expired entries are purged in every sweep, under the same lease."""
         self.catalog = catalog
         self.engine = catalog.engine
         self.leases = leases
         self.thread_days = thread_days
         self.interval_seconds = interval_seconds
-        self.purge_trash = purge_trash
+        self.trash = trash
         self._clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self._stop = threading.Event()
@@ -161,10 +186,10 @@ class RetentionSweeper:
             return None
         report = SweepReport()
         try:
+            if self.trash is not None:  # first: a thread whose trash empties can go now
+                self.trash.purge_expired_trash(now)
             if self.thread_days is not None:
                 self._sweep_threads(now - self.thread_days * 86400, report)
-            if self.purge_trash is not None:
-                self.purge_trash(now)
             self._remember(now)
         finally:
             self.leases.release(LEASE_NAME, self.owner)
@@ -185,16 +210,17 @@ class RetentionSweeper:
                 report.kept_in_progress.append(ref)
                 continue
             try:
-                retire_thread(self.catalog, ref)
+                deleted = retire_thread(self.catalog, ref, self.trash)
             except (ThreadNotFound, UnsafeFolder):
                 continue  # deleted meanwhile, or a folder it will not touch
             logger.info(
-                "retention: removed thread %s of %s, untouched for %g days",
+                "retention: %s thread %s of %s, untouched for %g days",
+                "removed" if deleted else "moved to the trash the files of",
                 ref.thread_id,
                 ref.owner or "the single user",
                 self.thread_days,
             )
-            report.removed.append(ref)
+            (report.removed if deleted else report.trashed).append(ref)
             now = self._clock()
             self.leases.take(LEASE_NAME, self.owner, now, now + LEASE_SECONDS)  # renew
 

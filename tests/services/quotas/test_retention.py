@@ -18,6 +18,7 @@ from sqlalchemy import update
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
+from deerflow_web.services.history.hooks import make_history
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.quotas.retention import LEASE_NAME
 from deerflow_web.services.quotas.retention import RetentionSweeper
@@ -27,6 +28,7 @@ from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
+from deerflow_web.settings import HistorySettings
 from deerflow_web.storage.database import threads
 from deerflow_web.storage.database import uploads as uploads_table
 from deerflow_web.storage.job_leases import JobLeases
@@ -194,3 +196,21 @@ def test_two_sweepers_never_both_run(catalog, service, monkeypatch) -> None:
     assert overlap == []
     assert len(ran) >= 1
     assert all(catalog.find(ThreadRef(f"old{i}", OWNER)) is None for i in range(3))
+
+
+def test_with_a_trash_an_expired_thread_goes_there_first_then_for_good(catalog, service) -> None:
+    """Nothing goes without the trash's grace: the files first, restorable; the thread
+    once its trash has expired."""
+    trash = make_history(service, HistorySettings(trash_days=30)).trash_bin
+    old = make_thread(catalog, service, "old", 40)
+    clock = time.time
+
+    report = sweeper(catalog, trash=trash).sweep()
+    assert report is not None and report.trashed == [old] and report.removed == []
+    assert service.list_uploads(old) == []
+    [entry] = trash.list(old)
+    assert entry.filename == "a.txt" and catalog.find(old) is not None
+
+    later = sweeper(catalog, trash=trash, clock=lambda: clock() + 31 * DAY).sweep()
+    assert later is not None and later.trashed == [] and later.removed == [old]
+    assert catalog.find(old) is None and not catalog.paths.thread_dir(old).exists()
