@@ -150,6 +150,14 @@ def test_every_page_header_shows_the_usage(small) -> None:
         assert "512 B of 1000 B" in page, path
 
 
+@needs_auth
+def test_the_account_page_says_the_usage_which_phones_do_not_show_in_the_header(small) -> None:
+    client = small.test_client()
+    UploadActions(client).upload("t1", (b"x" * 512, "a.txt"))
+    page = client.get("/account").get_data(as_text=True)
+    assert 'Storage: <span class="account-usage">512 B of 1000 B</span>' in page
+
+
 def test_the_header_reads_in_chinese(small) -> None:
     client = small.test_client()
     client.get("/language/zh")
