@@ -57,8 +57,10 @@ def service(base_dir: Path) -> UploadService:
     return make_upload_service(base_dir)
 
 
-def texts(service: UploadService, converter: Converter, wait: float = 5.0) -> DocumentTexts:
-    jobs = ConversionJobs(service, ConversionSettings(wait_seconds=5), converter=converter)
+def texts(service: UploadService, converter: Converter, wait: float = 60.0) -> DocumentTexts:
+    """Waits that a fake converter never needs, on any machine (a test of "still converting"
+    passes its own short wait)."""
+    jobs = ConversionJobs(service, ConversionSettings(wait_seconds=60), converter=converter)
     return DocumentTexts(jobs, service.folders(REF), wait_seconds=wait)
 
 
