@@ -2,9 +2,9 @@
 
 A screenshot (clean PNG), a photo of a printed page (grey paper, tilted, noisy, blurred
 JPEG), a scanned PDF (pages that are images only, no text layer), a PDF that mixes text
-pages with a scanned one, and a decompression bomb. The text is drawn with Noto Sans CJK
-(Debian's `fonts-noto-cjk`, which `make test` installs), so English and Chinese lines
-come out of one font.
+pages with a scanned one, a multi-page fax TIFF, and a decompression bomb. The text is
+drawn with Noto Sans CJK (Debian's `fonts-noto-cjk`, which `make test` installs), so
+English and Chinese lines come out of one font.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ SCREENSHOT_LINES = (
     "Payment due within 30 days",
 )
 PHOTO_LINES = ("Quarterly revenue grew by 12 percent", "发票号码 2026 年 11 月")
+FAX_PAGES = (
+    ("Fax cover sheet for the harbour office", "Pages in this fax 3"),
+    ("Second fax page lists the delivery terms",),
+    ("Third fax page signed on 30 November", "传真第三页 签字确认"),
+)
 SCAN_PAGES = (
     ("Scanned contract page one", "Delivery address Harbour Road 7"),
     ("Second scanned page", "合同第二页 签字确认"),
@@ -79,6 +84,37 @@ def make_scanned_pdf(path: Path, pages: Sequence[Sequence[str]] = SCAN_PAGES) ->
     images = [page_image(lines) for lines in pages]
     images[0].save(path, format="PDF", resolution=150, save_all=True, append_images=images[1:])
     return path
+
+
+def make_fax_tiff(
+    path: Path, pages: Sequence[Sequence[str]] = FAX_PAGES, *, dpi: int = 150
+) -> Path:
+    """A multi-page TIFF as a fax machine or a document scanner writes it: 1-bit pages,
+    CCITT Group 4 compressed, one page per entry of `pages`."""
+    images = [page_image(lines, dpi=dpi).convert("1") for lines in pages]
+    images[0].save(
+        path, format="TIFF", save_all=True, append_images=images[1:], compression="group4"
+    )
+    return path
+
+
+def set_tiff_page_size(data: bytes, index: int, width: int, height: int) -> bytes:
+    """The TIFF with page `index` claiming `width` x `height` pixels in its header (its
+    pixels unchanged): a decompression bomb on one page, without gigabytes to write."""
+    assert data[:4] == b"II*\x00", "little-endian TIFF only"
+    out = bytearray(data)
+    offset = struct.unpack_from("<I", out, 4)[0]
+    for _ in range(index):
+        entries = struct.unpack_from("<H", out, offset)[0]
+        offset = struct.unpack_from("<I", out, offset + 2 + 12 * entries)[0]
+    entries = struct.unpack_from("<H", out, offset)[0]
+    for number in range(entries):
+        entry = offset + 2 + 12 * number
+        tag, kind = struct.unpack_from("<HH", out, entry)
+        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT (3) or LONG (4)
+            value = width if tag == 256 else height
+            struct.pack_into("<H" if kind == 3 else "<I", out, entry + 8, value)
+    return bytes(out)
 
 
 def make_mixed_pdf(

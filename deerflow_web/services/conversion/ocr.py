@@ -144,6 +144,46 @@ def _load_engine() -> Any:
     return _engine
 
 
+def open_header(stream: BinaryIO) -> Any:
+    """The image with only its header read: size, format and frames, no pixel decoded.
+
+    Raises:
+        OSError: Pillow cannot read it (damaged, or a format it does not know).
+    """
+    from PIL import Image
+
+    # Pillow's own check would refuse in `open` without the size; ours, after it, says it.
+    Image.MAX_IMAGE_PIXELS = None
+    return Image.open(stream)
+
+
+def page_count(stream: BinaryIO) -> int:
+    """How many pages an image holds that are read one by one: those of a multi-page
+    TIFF (a fax, a scanner's document). Every other image, an animated GIF included,
+    counts as one, its first frame. The stream is left at its start."""
+    try:
+        image = open_header(stream)
+        return int(image.n_frames) if image.format == "TIFF" else 1
+    except Exception:  # damaged (or a warning made an error): the one-image path says why
+        return 1
+    finally:
+        stream.seek(0)
+
+
+def decode_frame(image: Any, index: int) -> Any:
+    """Frame `index` of an image opened with `open_header`, bounded in pixels, as RGB.
+
+    Raises:
+        ImageTooLarge: The frame's header announces more than `MAX_DECODE_PIXELS` pixels.
+        OSError: The frame cannot be decoded.
+    """
+    image.seek(index)
+    width, height = image.size
+    if width * height > MAX_DECODE_PIXELS:
+        raise ImageTooLarge(width, height)
+    return bounded(_flatten(image))
+
+
 def open_image(stream: BinaryIO) -> tuple[Any, dict[str, Any]]:
     """Decode the first frame of an image, bounded in pixels, as RGB for the engine.
 
@@ -154,11 +194,7 @@ def open_image(stream: BinaryIO) -> tuple[Any, dict[str, Any]]:
         ImageTooLarge: The header announces more than `MAX_DECODE_PIXELS` pixels.
         OSError: Pillow cannot read it (damaged, or a format it does not know).
     """
-    from PIL import Image
-
-    # Pillow's own check would refuse in `open` without the size; ours, just below, says it.
-    Image.MAX_IMAGE_PIXELS = None
-    image = Image.open(stream)  # reads the header only
+    image = open_header(stream)
     width, height = image.size
     if width * height > MAX_DECODE_PIXELS:
         raise ImageTooLarge(width, height)
@@ -171,7 +207,7 @@ def open_image(stream: BinaryIO) -> tuple[Any, dict[str, Any]]:
     if width * height > MAX_OCR_PIXELS and image.format == "JPEG":
         scale = math.sqrt(MAX_OCR_PIXELS / (width * height))
         image.draft("RGB", (max(1, int(width * scale)), max(1, int(height * scale))))
-    image.seek(0)  # the first frame of a GIF or a multi-page TIFF
+    image.seek(0)  # the first frame of a GIF (a multi-page TIFF is read by image_pages)
     image = _flatten(image)
     return bounded(image), facts
 

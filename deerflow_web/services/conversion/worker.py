@@ -207,7 +207,7 @@ def convert(
     facts: dict[str, object] = {}
     try:
         if kind == "image":
-            markdown = _image(stream, facts)
+            markdown = _image(stream, time_limit_seconds, facts)
         elif kind == "pdf":
             markdown = _pdf(stream, time_limit_seconds, facts)
         else:
@@ -240,10 +240,28 @@ class _Refused(Exception):
         self.detail = detail[:_DETAIL_LIMIT]
 
 
-def _image(stream: BinaryIO, facts: dict[str, object]) -> str:
-    """An image's size in pixels and its text, read by OCR."""
+def _image(stream: BinaryIO, time_limit_seconds: float, facts: dict[str, object]) -> str:
+    """An image's size in pixels and its text, read by OCR; a multi-page TIFF page by page,
+    within the budget a PDF's scanned pages get (`image_pages`)."""
+    from deerflow_web.services.conversion import image_pages
     from deerflow_web.services.conversion import ocr
+    from deerflow_web.services.conversion import pdf_pages
 
+    if ocr.page_count(stream) > 1:
+        budget = pdf_pages.OcrBudget.for_worker(time_limit_seconds)
+        try:
+            markdown, report = image_pages.pages_markdown(stream, budget)
+        except ocr.ImageTooLarge as error:
+            raise _Refused("too_many_pixels", str(error)) from error
+        except ocr.OcrUnavailable as error:
+            raise _Refused("ocr_unavailable", str(error)) from error
+        facts.update(
+            pages=report.pages,
+            ocr_pages=report.ocr_pages,
+            ocr_seconds=[round(seconds, 3) for seconds in report.ocr_seconds],
+            ocr_cpu_seconds=[round(seconds, 3) for seconds in report.ocr_cpu_seconds],
+        )
+        return markdown
     try:
         markdown, page = ocr.image_markdown(stream)
     except ocr.ImageTooLarge as error:
