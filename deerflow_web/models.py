@@ -153,15 +153,18 @@ class ConversionState(enum.StrEnum):
 class ScanState(enum.StrEnum):
     """What the virus scanner said about a stored file (`services/scanning`).
 
-    A record without a state (None) was stored while scanning was off, or found on disk:
-    usable while scanning is off, and held back like `pending` while it is on, until a
-    rescan gives it a state.
+    A record without a state (None) holds bytes no scan has judged: stored while scanning
+    was off, found on disk, or changed there behind the app's back. It is usable while
+    scanning is off, and waits for its scan while it is on (held back from the agent, and
+    shown as "Scan pending"), until a rescan gives it a state. That is what `PENDING` would
+    say; no path writes it, because whether such a file waits depends on the scanning
+    setting when it is read, not when it was stored.
     """
 
     CLEAN = "clean"
     INFECTED = "infected"  # never stored by an upload; a rescan quarantines such a file
     UNSCANNED = "unscanned"  # stored while the scanner was out (`on_unavailable`)
-    PENDING = "pending"  # waiting for its first scan
+    PENDING = "pending"  # reserved (in the API's enum): not written, see above
 
 
 @dataclass(frozen=True)

@@ -100,14 +100,24 @@ def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
     servers = []
 
     def start(
-        uploads: dict[str, Any] | None = None, *, mode: str = SINGLE_USER, account: bool = True
+        uploads: dict[str, Any] | None = None,
+        *,
+        mode: str = SINGLE_USER,
+        account: bool = True,
+        **config: Any,
     ) -> LiveServer:
-        """Serve `mode`. With accounts on the app has the account pages sign in as, or,
-        with `account=False`, is a fresh install (no account yet), for the account tests."""
+        """Serve `mode`, with more config.yaml sections in `config` (`scanning`, ...).
+        With accounts on the app has the account pages sign in as, or, with
+        `account=False`, is a fresh install (no account yet), for the account tests."""
         skip_unless_accounts_can_run(mode)
         auth = {"enabled": mode == ACCOUNTS}
         app = make_app(
-            uploads=uploads, auth=auth, test_user=False, WTF_CSRF_ENABLED=True, TESTING=False
+            uploads=uploads,
+            auth=auth,
+            test_user=False,
+            WTF_CSRF_ENABLED=True,
+            TESTING=False,
+            **config,
         )
         chosen = BrowserAccount() if mode == ACCOUNTS and account else None
         if chosen is not None:

@@ -108,6 +108,7 @@ def _render(
         selected=selected,
         pictures=pictures,
         vision_setting=get_services().settings.agent.vision,
+        scanning_on=get_upload_service().scanner is not None,
     )
     return page, status
 

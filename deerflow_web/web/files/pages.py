@@ -214,6 +214,7 @@ def thread_files() -> ResponseReturnValue:
         delete_form=DeleteForm(),
         rename_form=RenameForm(),
         quarantined=quarantined_in(get_services().scan_events, thread.scope),
+        scanning_on=service.scanner is not None,
         share_links=get_services().share_links.list_for_thread(thread.ref),
         share_lifetimes=SHARE_LIFETIMES,
         now=time.time(),
