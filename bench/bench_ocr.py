@@ -2,7 +2,8 @@
 
 Run it with `make bench-ocr` (or `.venv/bin/python bench/bench_ocr.py [--rounds N]`). It
 generates, in a temporary folder, a text PDF, a scanned PDF (pages that are images only),
-a PDF mixing both, a PNG screenshot and a JPEG photo of text (tests/support/images.py),
+a PDF mixing both, a multi-page fax TIFF, a PNG screenshot and a JPEG photo of text
+(tests/support/images.py),
 converts each with `convert_to_markdown` under the default limits, and prints per file:
 the wall-clock seconds of the whole conversion (what a user waits: starting Python, loading
 the parsers and the models, then the pages), the worker's CPU seconds, its OCR seconds per
@@ -50,6 +51,12 @@ CASES: tuple[tuple[str, str, Maker, str | None], ...] = (
         "mixed.pdf",
         images.make_mixed_pdf,
         None,
+    ),
+    (
+        "fax TIFF, 3 pages (1-bit, Group 4)",
+        "fax.tif",
+        images.make_fax_tiff,
+        "\n".join("\n".join(page) for page in images.FAX_PAGES),
     ),
     ("PNG screenshot", "shot.png", images.make_text_png, "\n".join(images.SCREENSHOT_LINES)),
     ("JPEG photo", "photo.jpg", images.make_photo_jpeg, "\n".join(images.PHOTO_LINES)),

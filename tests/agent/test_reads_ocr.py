@@ -243,3 +243,26 @@ def test_an_image_outside_uploads_stays_a_binary_file(
     assert [m["path"] for m in found["matches"]] == ["/mnt/user-data/outputs/notes.txt"]
     assert "skipped" not in found
     assert not (outputs / "chart.md").exists()
+
+
+def test_a_fax_tiff_is_read_and_searched_with_the_page_of_each_line(
+    base_dir: Path, service: UploadService, tmp_path: Path
+) -> None:
+    from tests.support.agent_helpers import make_runtime
+    from tests.support.images import make_fax_tiff
+
+    made = tmp_path / "made"
+    made.mkdir()
+    save_files(service, make_fax_tiff(made / "fax.tif"))
+    runtime = make_runtime({"thread_id": "t1"})
+
+    text = _tool(base_dir, "read_file").invoke({"path": f"{UPLOADS}/fax.tif", "runtime": runtime})
+    found = _tool(base_dir, "grep").invoke(
+        {"pattern": "30 November", "path": UPLOADS, "runtime": runtime}
+    )
+
+    _line(text, r"^\s+1\t<!-- image: 3 pages of 1240 x 1753 pixels \(TIFF\); read by OCR page")
+    _line(text, r"^\s+\d+ p\.1\t<!-- page 1 of 3: OCR, mean confidence (0\.9\d|1\.00) -->$")
+    _line(text, r"^\s+\d+ p\.1\tFax cover sheet for the harbour office$")
+    _line(text, r"^\s+\d+ p\.3\tThird fax page signed on 30 November$")
+    assert [(m["path"], m["page"]) for m in found["matches"]] == [(f"{UPLOADS}/fax.tif", 3)]
