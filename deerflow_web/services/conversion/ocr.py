@@ -1,4 +1,4 @@
-"""Text in images, read offline: screenshots, photos and scanned PDF pages (OCR).
+"""Text in images, read offline: screenshots, photos, scanned PDF pages and fax pages (OCR).
 
 Runs inside the conversion worker only (`worker.py`), under its address-space and CPU
 limits; nothing here is imported by the web app. The engine is RapidOCR's PP-OCRv4
