@@ -1,6 +1,7 @@
 """A file stored while the virus scanner was down, as a person sees it in headless
-Chromium: the file manager's list and the chat preview say "Not scanned" (未扫描 in
-Chinese), with why in the badge's title, and the preview shows the agent told the same.
+Chromium: the file manager's list, the file's own page and the chat preview say "Not
+scanned" (未扫描 in Chinese), with why in the badge's title, and the preview shows the
+agent told the same.
 
 A real clamd is started and stopped, and the app is configured to accept uploads
 unscanned (`scanning.on_unavailable: accept_unscanned`), so the upload is stored
@@ -87,6 +88,10 @@ def test_an_upload_stored_unscanned_is_badged_in_the_list_and_the_chat_preview(
     chinese.page.goto(f"{live.url}/threads/{THREAD}")
     expect(_badge(chinese)).to_have_text("未扫描")
     expect(_badge(chinese)).to_have_attribute("title", TITLE_ZH)
+    chinese.page.get_by_role("link", name=NAME, exact=True).first.click()  # the file's own page
+    own = chinese.page.locator(".file-facts .scan-state")
+    expect(own).to_have_text("未扫描")
+    expect(own).to_have_attribute("title", TITLE_ZH)
     chinese.page.goto(f"{live.url}/threads/{THREAD}/chat")
     zh_item = chinese.page.locator(".attach-list li", has_text=NAME).locator(".scan-state")
     expect(zh_item).to_have_text("未扫描")

@@ -493,6 +493,7 @@ def preview_file(path: str) -> str:
         companion=companion,
         convert_form=ConvertForm(formdata=None),
         share_lifetimes=SHARE_LIFETIMES,
+        scanning_on=service.scanner is not None,
     )
 
 

@@ -1,5 +1,6 @@
-"""The virus scan's badge on the file manager's list and the chat preview, through the
-test client, in both languages: what a file that is not (yet) scanned clean says there."""
+"""The virus scan's badge on the file manager's list, a file's own page and the chat
+preview, through the test client, in both languages: what a file that is not (yet)
+scanned clean says there."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def test_a_file_stored_unscanned_says_so_in_both_languages(
         "Not scanned",
     )
     assert badges(client, "/threads/t1") == [english]
+    assert badges(client, "/threads/t1/files/uploads/minutes.txt") == [english]
     assert badges(client, "/threads/t1/chat") == [english]
     chinese = (
         "badge badge-warn scan-state scan-unscanned",
@@ -54,6 +56,7 @@ def test_a_file_stored_unscanned_says_so_in_both_languages(
         "未扫描",
     )
     assert badges(client, "/threads/t1", **ZH) == [chinese]
+    assert badges(client, "/threads/t1/files/uploads/minutes.txt", **ZH) == [chinese]
     assert badges(client, "/threads/t1/chat", **ZH) == [chinese]
 
 
@@ -77,6 +80,9 @@ def test_a_file_without_a_verdict_shows_as_pending_while_scanning_is_on(
         "正在等待病毒扫描；病毒扫描通过前不会提供给智能体",
         "等待扫描",
     ) in badges(client, "/threads/t1/chat", **ZH)
+    assert [label for _, _, label in badges(client, "/threads/t1/files/uploads/dropped.txt")] == [
+        "Scan pending"
+    ]
     listed = {f["filename"]: f["scan_state"] for f in UploadActions(client).list("t1")["files"]}
     assert listed == {"dropped.txt": None, "fine.txt": "clean"}  # the API: no verdict yet
 
@@ -95,3 +101,5 @@ def test_with_scanning_off_a_file_without_a_verdict_has_no_badge(
 
     assert badges(client, "/threads/t1") == []
     assert badges(client, "/threads/t1/chat") == []
+    page = client.get("/threads/t1/files/uploads/dropped.txt").get_data(as_text=True)
+    assert _BADGE.findall(page) == [] and "Virus scan" not in page
