@@ -19,11 +19,10 @@ from typing import BinaryIO
 from deerflow_web.services.conversion import ocr
 from deerflow_web.services.conversion.page_marks import escape_text
 from deerflow_web.services.conversion.page_marks import page_marker
+from deerflow_web.services.conversion.pdf_pages import BUDGET_SPENT
+from deerflow_web.services.conversion.pdf_pages import OCR_MISSING
 from deerflow_web.services.conversion.pdf_pages import OcrBudget
 from deerflow_web.services.conversion.pdf_pages import PdfReport
-
-BUDGET_SPENT = "not read: the time this conversion may spend on OCR ran out"
-OCR_MISSING = "not read: OCR is not available here"
 
 
 def pages_markdown(stream: BinaryIO, budget: OcrBudget | None = None) -> tuple[str, PdfReport]:

@@ -30,6 +30,9 @@ from deerflow_web.services.conversion.page_marks import page_marker
 MIN_TEXT_CHARACTERS = 8  # fewer non-blank characters than this: the page is read by OCR
 RENDER_DPI = 200  # scanned pages are rendered at this resolution, within MAX_OCR_PIXELS
 BUDGET_SHARE = 0.8  # OCR starts no page once this share of the worker's time is used
+# How a page not read says why, in its marker (a multi-page TIFF's pages say the same).
+BUDGET_SPENT = "not read: the time this conversion may spend on OCR ran out"
+OCR_MISSING = "not read: OCR is not available here"
 
 
 @dataclass
@@ -190,10 +193,10 @@ def _read_scanned(data: bytes, pages: list[_Page], budget: OcrBudget, report: Pd
         for index in wanted:
             page = pages[index]
             if report.ocr_unavailable is not None:
-                page.how = "not read: OCR is not available here"
+                page.how = OCR_MISSING
                 continue
             if budget.spent():
-                page.how = "not read: the time this conversion may spend on OCR ran out"
+                page.how = BUDGET_SPENT
                 continue
             if page.largest_image is not None:
                 width, height = page.largest_image
@@ -211,7 +214,7 @@ def _read_scanned(data: bytes, pages: list[_Page], budget: OcrBudget, report: Pd
                 continue
             except ocr.OcrUnavailable as error:
                 report.ocr_unavailable = str(error)
-                page.how = "not read: OCR is not available here"
+                page.how = OCR_MISSING
                 continue
             report.ocr_pages += 1
             report.ocr_seconds.append(result.seconds)
