@@ -101,6 +101,12 @@ def make_fax_tiff(
 def set_tiff_page_size(data: bytes, index: int, width: int, height: int) -> bytes:
     """The TIFF with page `index` claiming `width` x `height` pixels in its header (its
     pixels unchanged): a decompression bomb on one page, without gigabytes to write."""
+    return set_tiff_tags(data, index, {256: width, 257: height})  # ImageWidth, ImageLength
+
+
+def set_tiff_tags(data: bytes, index: int, values: dict[int, int]) -> bytes:
+    """The TIFF with the SHORT or LONG tags of directory `index` set to `values` (each tag
+    must already be there: Pillow writes NewSubfileType, 254, when given in `tiffinfo`)."""
     assert data[:4] == b"II*\x00", "little-endian TIFF only"
     out = bytearray(data)
     offset = struct.unpack_from("<I", out, 4)[0]
@@ -111,9 +117,8 @@ def set_tiff_page_size(data: bytes, index: int, width: int, height: int) -> byte
     for number in range(entries):
         entry = offset + 2 + 12 * number
         tag, kind = struct.unpack_from("<HH", out, entry)
-        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT (3) or LONG (4)
-            value = width if tag == 256 else height
-            struct.pack_into("<H" if kind == 3 else "<I", out, entry + 8, value)
+        if tag in values:  # SHORT (3) or LONG (4)
+            struct.pack_into("<H" if kind == 3 else "<I", out, entry + 8, values[tag])
     return bytes(out)
 
 

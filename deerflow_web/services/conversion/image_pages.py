@@ -6,7 +6,9 @@ page is (`pdf_pages`): decoded on its own (one page in memory at a time), bounde
 from its own header, read within its own CPU-time limit and the conversion's budget, and
 started with the same marker (`<!-- page 2 of 5: OCR, mean confidence 0.97 -->`), so
 `read_file` and `grep` give the page of every line and an answer can cite "fax.tif, page 2".
-A page that cannot be read says why in its marker and the others are still read.
+A page that cannot be read says why in its marker and the others are still read. A
+directory the TIFF marks as a reduced-resolution copy (a scanner's preview) or a mask is
+no page and is skipped (`ocr.tiff_pages`).
 
 Runs inside the conversion worker only, after its limits are set.
 """
@@ -37,16 +39,17 @@ def pages_markdown(stream: BinaryIO, budget: OcrBudget | None = None) -> tuple[s
     """
     budget = budget or OcrBudget()
     image = ocr.open_header(stream)
-    count = int(image.n_frames)
+    frames = ocr.tiff_pages(image)
+    count = len(frames)
     sizes = []
-    for index in range(count):  # headers only: no page is decoded here
+    for index in frames:  # headers only: no page is decoded here
         image.seek(index)
         sizes.append(image.size)
     report = PdfReport(pages=count)
     hows: list[str] = []
     texts: list[str] = []
     refusals: list[BaseException] = []
-    for index in range(count):
+    for index in frames:
         how, text = _read_page(image, index, budget, report, refusals)
         hows.append(how)
         texts.append(text)

@@ -157,13 +157,33 @@ def open_header(stream: BinaryIO) -> Any:
     return Image.open(stream)
 
 
+# NewSubfileType bits of a TIFF directory that mark it as no page of its own: a
+# reduced-resolution copy of another (a scanner's preview) or a transparency mask.
+_NEW_SUBFILE_TYPE = 254
+_NOT_A_PAGE = 0b101
+
+
+def tiff_pages(image: Any) -> list[int]:
+    """The frames of a TIFF opened with `open_header` that are pages, in order (headers
+    only). A directory marked as a reduced-resolution copy or a mask is left out, so a
+    scan stored with its preview is not read twice; the first frame always counts."""
+    pages = []
+    for index in range(int(image.n_frames)):
+        image.seek(index)
+        kind = image.tag_v2.get(_NEW_SUBFILE_TYPE, 0)
+        if index == 0 or not (isinstance(kind, int) and kind & _NOT_A_PAGE):
+            pages.append(index)
+    image.seek(0)
+    return pages
+
+
 def page_count(stream: BinaryIO) -> int:
     """How many pages an image holds that are read one by one: those of a multi-page
     TIFF (a fax, a scanner's document). Every other image, an animated GIF included,
     counts as one, its first frame. The stream is left at its start."""
     try:
         image = open_header(stream)
-        return int(image.n_frames) if image.format == "TIFF" else 1
+        return len(tiff_pages(image)) if image.format == "TIFF" else 1
     except Exception:  # damaged (or a warning made an error): the one-image path says why
         return 1
     finally:

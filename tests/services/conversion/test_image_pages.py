@@ -26,6 +26,7 @@ from tests.services.conversion.test_ocr import pages_of
 from tests.support.images import FAX_PAGES
 from tests.support.images import make_fax_tiff
 from tests.support.images import set_tiff_page_size
+from tests.support.images import set_tiff_tags
 from tests.support.images import text_image
 
 # Nothing here reads the mode (no app, no account): the single-user pass skips it.
@@ -73,11 +74,17 @@ def test_a_fax_is_read_page_by_page_in_order_in_the_worker(tmp_path: Path) -> No
 
 
 def _fax(pages=FAX_PAGES) -> bytes:
-    """A small fax TIFF (one short image per page) for the in-process checks."""
+    """A small fax TIFF (one short image per page) for the in-process checks, each
+    directory with its NewSubfileType (0: a page)."""
     images = [text_image(lines, width=900, size=36).convert("1") for lines in pages]
     buffer = io.BytesIO()
     images[0].save(
-        buffer, format="TIFF", save_all=True, append_images=images[1:], compression="group4"
+        buffer,
+        format="TIFF",
+        save_all=True,
+        append_images=images[1:],
+        compression="group4",
+        tiffinfo={254: 0},
     )
     return buffer.getvalue()
 
@@ -153,3 +160,19 @@ def test_only_a_tiff_is_read_as_pages_a_gif_keeps_its_first_frame() -> None:
     assert ocr.page_count(gif) == 1
     assert gif.tell() == 0 and one_page.tell() == 0
     assert ocr.page_count(io.BytesIO(b"II*\x00 damaged")) == 1  # the image path says why
+
+
+def test_a_reduced_resolution_copy_in_a_tiff_is_no_page_of_its_own() -> None:
+    """Scanners store a preview as a directory marked "reduced-resolution" (TIFF 6.0,
+    NewSubfileType bit 0): it is skipped, so the scan is not read twice."""
+    data = _fax((FAX_PAGES[0], FAX_PAGES[0], FAX_PAGES[2]))
+    with_preview = set_tiff_tags(data, 1, {254: 1})
+
+    markdown, report = image_pages.pages_markdown(io.BytesIO(with_preview))
+
+    pages = pages_of(markdown)
+    assert sorted(pages) == [1, 2] and report.pages == 2
+    assert "harbour office" in pages[1][1] and "30 November" in pages[2][1]
+    assert markdown.count("harbour office") == 1
+    one_page = set_tiff_tags(_fax(FAX_PAGES[:2]), 1, {254: 1})
+    assert ocr.page_count(io.BytesIO(one_page)) == 1  # a page and its preview: one image
