@@ -188,6 +188,7 @@ class UploadRecords(Protocol):
     def finish_conversion(
         self, scope: str, filename: str, owner: str, state: ConversionState, error: str | None
     ) -> bool: ...
+    def release_conversion(self, scope: str, filename: str, owner: str) -> bool: ...
     def find_conversions(
         self, states: Iterable[ConversionState]
     ) -> list[tuple[str, str, str | None]]: ...
@@ -696,6 +697,28 @@ class DatabaseUploadRecords:
                 .values(
                     conversion_state=state.value,
                     conversion_error=error,
+                    conversion_owner=None,
+                    conversion_lease_until=None,
+                )
+            )
+            return result.rowcount > 0
+
+    def release_conversion(self, scope: str, filename: str, owner: str) -> bool:
+        """Hand an active job `owner` holds back as `queued`, with no holder and no lease,
+        so any worker claims it at once; its place in the queue is kept. False if `owner`
+        holds it no longer."""
+        with self._write() as db:
+            _bump_version(db, scope)  # the state is part of the records, as in every writer
+            result = db.execute(
+                update(uploads)
+                .where(
+                    uploads.c.scope == scope,
+                    uploads.c.filename == filename,
+                    uploads.c.conversion_owner == owner,
+                    uploads.c.conversion_state.in_(_ACTIVE),
+                )
+                .values(
+                    conversion_state=ConversionState.QUEUED.value,
                     conversion_owner=None,
                     conversion_lease_until=None,
                 )
