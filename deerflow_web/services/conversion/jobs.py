@@ -250,7 +250,9 @@ class ConversionJobs:
         now = time.time()
         count = 0
         for scope, filename, owner in records.find_conversions(ACTIVE_CONVERSION_STATES):
-            if not _owner_is_gone(owner):
+            # No holder: queued for whichever worker has room (`claim_waiting_jobs`), not
+            # all taken by the first process that starts.
+            if owner is None or not _owner_is_gone(owner):
                 continue
             records.set_conversion(scope, filename, ConversionState.QUEUED, None, None, 0.0, now)
             if records.claim_conversion(scope, filename, self.owner, now, self._lease()):

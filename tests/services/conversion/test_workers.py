@@ -313,3 +313,15 @@ def test_release_conversion_only_releases_the_holders_job(service) -> None:
     job = records.conversion_job(scope(service), "a.pdf")
     assert (job.state, job.owner, job.lease_until) == (ConversionState.QUEUED, None, None)
     assert not records.release_conversion(scope(service), "missing.pdf", "a:1")
+
+
+def test_a_starting_process_leaves_the_queued_jobs_to_the_claims(service, made) -> None:
+    """Restart recovery takes the jobs of this host's dead processes, not the jobs queued
+    for any worker: those go to whoever has a converter free."""
+    save(service, "a.pdf", "b.pdf")
+    web = jobs_with(made, service, never, runs_jobs=False)
+    web.convert(THREAD, "a.pdf", wait=0)
+    web.convert(THREAD, "b.pdf", wait=0)
+    worker = worker_with(made, service, Gate(seconds=0), workers=1)
+    assert worker.reclaim_interrupted_jobs() == 0
+    assert len(worker.claim_waiting_jobs()) == 1
