@@ -386,7 +386,7 @@ class ConversionJobs:
         job = records.conversion_job(scope, filename)
         if not self.runs_jobs:
             if job is None or job.state not in ACTIVE_CONVERSION_STATES:
-                self._enqueue(scope, [filename])
+                self._enqueue(folders, [filename])
             return self._wait_for_other_process(folders, filename, timeout)
         if job is not None and job.state in ACTIVE_CONVERSION_STATES and job.owner != self.owner:
             now = time.time()
@@ -424,7 +424,13 @@ class ConversionJobs:
             return {}
         if not self.runs_jobs:
             folders = self.uploads.folders(thread)
-            self._enqueue(folders.scope, names)
+            try:
+                self._enqueue(folders, names)
+            except ConversionQueueFull:
+                logger.warning(
+                    "conversion limit reached: %d upload(s) left unconverted", len(names)
+                )
+                return {}  # the upload itself succeeded; Convert stays available
             return self._companions_within_wait(folders, names)
         try:
             folders = self.uploads.folders(thread)
@@ -439,9 +445,33 @@ class ConversionJobs:
         records = self.uploads.records_of(folders)
         return {r.converted_from: r for r in records if r.converted_from in names}
 
-    def _enqueue(self, scope: str, filenames: list[str]) -> None:
+    def _enqueue(self, folders: ThreadFolders, filenames: list[str]) -> None:
         """Record jobs as `queued` with no holder and no lease, for a worker to claim at once
-        (a web instance that runs no jobs)."""
+        (a web instance that runs no jobs).
+
+        Fair share still holds, counted in the database since the jobs run elsewhere: a
+        user may have at most `conversion.max_per_user` conversions queued or running on
+        all workers together (single-user mode: no bound, as `_admit` has one user).
+
+        Raises:
+            ConversionUserLimit: The user has that many already; nothing was queued.
+        """
+        scope = folders.scope
+        user_id = folders.ref.user_id
+        if user_id != SINGLE_USER:
+            active = 0
+            for other_scope, other_name, _owner in self.uploads.records.find_conversions(
+                ACTIVE_CONVERSION_STATES
+            ):
+                if other_scope == scope and other_name in filenames:
+                    continue  # queued again: counted once
+                try:
+                    if self.uploads.paths.parse_scope(other_scope).user_id == user_id:
+                        active += 1
+                except ValueError:
+                    continue
+            if active >= self.settings.max_per_user:  # a request's files go in together
+                raise ConversionUserLimit(active, RETRY_AFTER_SECONDS)
         now = time.time()
         for name in filenames:
             self.uploads.records.set_conversion(

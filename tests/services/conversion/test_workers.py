@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from deerflow_web.errors import ConversionUserLimit
 from deerflow_web.models import ConversionState
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import ThreadRef
@@ -325,3 +326,27 @@ def test_a_starting_process_leaves_the_queued_jobs_to_the_claims(service, made) 
     worker = worker_with(made, service, Gate(seconds=0), workers=1)
     assert worker.reclaim_interrupted_jobs() == 0
     assert len(worker.claim_waiting_jobs()) == 1
+
+
+def test_jobs_off_still_bounds_what_one_user_has_queued(service, made) -> None:
+    """Fair share, counted in the database: one user may have `max_per_user` jobs queued
+    or running on all workers together; another user is not held back."""
+    alice, bob = ThreadRef("T", "alice"), ThreadRef("T", "bob")
+    for ref in (alice, bob):
+        service.save_uploads(
+            ref, [IncomingFile(f"{n}.pdf", io.BytesIO(b"%PDF-1.4")) for n in "abc"]
+        )
+    web = jobs_with(made, service, never, runs_jobs=False, max_per_user=2)
+    web.convert(alice, "a.pdf", wait=0)
+    web.convert(alice, "b.pdf", wait=0)
+    web.convert(alice, "b.pdf", wait=0)  # already queued: followed, not counted twice
+    with pytest.raises(ConversionUserLimit) as refused:
+        web.convert(alice, "c.pdf", wait=0)
+    assert refused.value.retry_after > 0
+    assert service.get_upload(alice, "c.pdf").conversion_state is None  # nothing queued
+    assert not web.convert(bob, "a.pdf", wait=0).finished
+    single = jobs_with(made, service, never, runs_jobs=False, max_per_user=1)
+    save(service, "a.pdf", "b.pdf")
+    single.convert(THREAD, "a.pdf", wait=0)
+    single.convert(THREAD, "b.pdf", wait=0)  # single-user mode: one user, no share to keep
+    assert state(service, "b.pdf") is ConversionState.QUEUED
