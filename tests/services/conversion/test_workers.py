@@ -40,10 +40,12 @@ def service(base_dir: Path, database_url: str):
 
 @pytest.fixture
 def made():
-    """Every ConversionJobs of a test; their keepers are stopped afterwards."""
+    """Every ConversionJobs of a test; afterwards each has finished what it runs (no
+    conversion outlives its test's database) and its keeper is stopped."""
     jobs: list[ConversionJobs] = []
     yield jobs
     for item in jobs:
+        wait_until(lambda item=item: item.running == 0 and item.queued == 0, timeout=60)
         item.stop_keeper()
 
 
