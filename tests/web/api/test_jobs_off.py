@@ -69,9 +69,19 @@ def test_the_environment_turns_the_jobs_off(make_app, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(("jobs", "started"), [(None, True), (OFF, False)])
-def test_sweeps_start_only_where_jobs_run(make_app, jobs, started: bool) -> None:
-    app = make_app(jobs=jobs, retention={"thread_days": 30})
+def test_rescans_and_sweeps_start_only_where_jobs_run(
+    make_app, tmp_path: Path, jobs, started: bool
+) -> None:
+    app = make_app(
+        jobs=jobs,
+        retention={"thread_days": 30},
+        scanning={"clamd": str(tmp_path / "clamd.sock"), "rescan_interval_seconds": 3600},
+    )
     services = app.extensions[EXTENSION_KEY]
+    assert services.rescans is not None
+    assert (services.rescans._thread is not None) is started
     assert (services.retention._thread is not None) is started
+    described = services.jobs.describe()
+    assert "rescans every 3600 s" in described and "retention sweeps every 60 min" in described
     services.conversions.start_keeper()  # what app.py does in a server
     assert (services.conversions._keeper is not None) is started
