@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-small bench-scale bench-instances bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
+.PHONY: run worker test lint bench bench-small bench-scale bench-instances bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ run: $(VENV)/.runtime
 		--workers $(WORKERS) --worker-connections $(CONNECTIONS) --bind $(HOST):$(PORT) \
 		--timeout 600 --graceful-timeout 30 --no-control-socket --access-logfile - \
 		--access-logformat '%(h)s "%(r)s" %(s)s %(b)s %(M)sms' app:app
+
+# The background jobs alone (conversions, rescans, sweeps), with no HTTP server, for web
+# instances with `jobs.run_in_web: false` on the same database and data dir (docs/deploy.md).
+worker: $(VENV)/.runtime
+	$(BIN)/flask --app app worker
 
 # Debian's Chromium for the browser tests; Playwright drives it, no browser is downloaded.
 browser:
