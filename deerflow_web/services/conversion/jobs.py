@@ -298,11 +298,13 @@ class ConversionJobs:
         """Claim and start the jobs nobody holds: queued for the workers, or orphaned by a
         process that died. As many as this process has room for: a worker's free
         converters, else its queue bound."""
-        if not self._accepting:
-            return []
-        room = self.free_converters if self.is_worker else self.settings.max_queued - self.queued
         records = self.uploads.records
         with self._claiming:  # the keeper and a worker's poll: one counts the room at a time
+            if not self._accepting:
+                return []
+            room = (
+                self.free_converters if self.is_worker else self.settings.max_queued - self.queued
+            )
             claimed = records.claim_expired_conversions(
                 self.owner, time.time(), self._lease(), room
             )
@@ -315,8 +317,9 @@ class ConversionJobs:
         """Stop taking jobs (a worker that is stopping), and hand back the ones queued here
         that no converter has started: they become claimable at once by another worker.
         Returns how many; conversions already running go on (`running`)."""
-        with self._counting:
+        with self._claiming:  # a claim under way finishes first; none starts after it
             self._accepting = False
+        with self._counting:
             jobs = [job for queue in self._queues.values() for job in queue]
             self._queues.clear()
             self._waiting -= len(jobs)
