@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 from sqlalchemy import and_
+from sqlalchemy import bindparam
 from sqlalchemy import delete
 from sqlalchemy import func
 from sqlalchemy import insert
@@ -138,6 +139,44 @@ class AdminChange:
     account: Account
     revoked_tokens: int  # a disabled or reset account's API tokens are all revoked
     temporary_password: str | None = None
+
+
+# Every signed-in request runs one pair of these: built once with bound parameters, since
+# building and cache-keying a statement per call cost more than running it.
+_SESSION_OWNER = (
+    select(
+        users,
+        sessions.c.expires_at,
+        sessions.c.persistent,
+        sessions.c.created_at.label("session_created_at"),
+        sessions.c.last_seen_at,
+    )
+    .join(sessions, sessions.c.user_id == users.c.id)
+    .where(sessions.c.id_hash == bindparam("id_hash"))
+)
+_SESSION_SEEN = (
+    update(sessions)
+    .where(sessions.c.id_hash == bindparam("session"))
+    .values(last_seen_at=bindparam("now"))
+)
+_TOKEN_OWNER = (
+    select(
+        users, api_tokens.c.id.label("token_id"), api_tokens.c.expires_at, api_tokens.c.last_used_at
+    )
+    .join(api_tokens, api_tokens.c.user_id == users.c.id)
+    .where(api_tokens.c.token_hash == bindparam("token_hash"))
+)
+_TOKEN_USED = (
+    update(api_tokens)
+    .where(
+        api_tokens.c.id == bindparam("token_id"),
+        or_(
+            api_tokens.c.last_used_at.is_(None),
+            api_tokens.c.last_used_at < bindparam("a_minute_ago"),
+        ),
+    )
+    .values(last_used_at=bindparam("now"))
+)
 
 
 def _digest(secret: str) -> str:
@@ -529,17 +568,7 @@ class AccountService:
         now = self._clock()
         id_hash = _digest(secret)
         with self.engine.connect() as db:
-            row = db.execute(
-                select(
-                    users,
-                    sessions.c.expires_at,
-                    sessions.c.persistent,
-                    sessions.c.created_at.label("session_created_at"),
-                    sessions.c.last_seen_at,
-                )
-                .join(sessions, sessions.c.user_id == users.c.id)
-                .where(sessions.c.id_hash == id_hash)
-            ).first()
+            row = db.execute(_SESSION_OWNER, {"id_hash": id_hash}).first()
         if row is None or row.disabled:
             raise TokenInvalid()
         last_seen = row.last_seen_at if row.last_seen_at is not None else row.session_created_at
@@ -548,9 +577,7 @@ class AccountService:
             raise TokenExpired()
         if now - last_seen >= LAST_SEEN_EVERY:
             with write_transaction(self.engine) as db:
-                db.execute(
-                    update(sessions).where(sessions.c.id_hash == id_hash).values(last_seen_at=now)
-                )
+                db.execute(_SESSION_SEEN, {"session": id_hash, "now": now})
         return LiveSession(_account(row), bool(row.persistent), row.expires_at)
 
     def session_user(self, secret: str) -> Account | None:
@@ -678,16 +705,7 @@ class AccountService:
         """The owner of a Bearer token, or TokenInvalid / TokenExpired."""
         now = self._clock()
         with self.engine.connect() as db:
-            row = db.execute(
-                select(
-                    users,
-                    api_tokens.c.id.label("token_id"),
-                    api_tokens.c.expires_at,
-                    api_tokens.c.last_used_at,
-                )
-                .join(api_tokens, api_tokens.c.user_id == users.c.id)
-                .where(api_tokens.c.token_hash == _digest(secret))
-            ).first()
+            row = db.execute(_TOKEN_OWNER, {"token_hash": _digest(secret)}).first()
         if row is None or row.disabled:
             raise TokenInvalid()
         if row.expires_at is not None and row.expires_at <= now:
@@ -698,14 +716,6 @@ class AccountService:
             # Recorded at most once a minute, so a busy script does not write on every call
             # (nor take the database's write lock: the check above skips the transaction).
             db.execute(
-                update(api_tokens)
-                .where(
-                    api_tokens.c.id == row.token_id,
-                    or_(
-                        api_tokens.c.last_used_at.is_(None),
-                        and_(api_tokens.c.last_used_at < now - 60),
-                    ),
-                )
-                .values(last_used_at=now)
+                _TOKEN_USED, {"token_id": row.token_id, "now": now, "a_minute_ago": now - 60}
             )
         return _account(row)

