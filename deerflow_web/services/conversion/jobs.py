@@ -305,6 +305,8 @@ class ConversionJobs:
             room = (
                 self.free_converters if self.is_worker else self.settings.max_queued - self.queued
             )
+            if room <= 0 or not records.has_claimable_conversions(time.time()):
+                return []  # read first: an idle poll takes no write lock
             claimed = records.claim_expired_conversions(
                 self.owner, time.time(), self._lease(), room
             )

@@ -352,3 +352,16 @@ def test_jobs_off_still_bounds_what_one_user_has_queued(service, made) -> None:
     single.convert(THREAD, "a.pdf", wait=0)
     single.convert(THREAD, "b.pdf", wait=0)  # single-user mode: one user, no share to keep
     assert state(service, "b.pdf") is ConversionState.QUEUED
+
+
+def test_claimable_means_active_with_no_lease_or_a_lapsed_one(service) -> None:
+    save(service, "a.pdf")
+    records, now = service.records, time.time()
+    assert not records.has_claimable_conversions(now)  # no job at all
+    records.set_conversion(scope(service), "a.pdf", ConversionState.QUEUED, None, "w:1", now + 60)
+    assert not records.has_claimable_conversions(now)  # held, lease live
+    assert records.has_claimable_conversions(now + 61)  # its lease ran out
+    records.set_conversion(scope(service), "a.pdf", ConversionState.QUEUED)
+    assert records.has_claimable_conversions(now)  # queued for any worker
+    records.set_conversion(scope(service), "a.pdf", ConversionState.DONE)
+    assert not records.has_claimable_conversions(now)  # over
