@@ -9,7 +9,7 @@ WORKERS ?= 2
 CONNECTIONS ?= 1000
 BIN := $(VENV)/bin
 
-.PHONY: run worker test lint bench bench-small bench-scale bench-instances bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
+.PHONY: run worker test lint bench bench-small bench-scale bench-instances bench-workers bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -113,6 +113,10 @@ bench-scale: $(VENV)/.test
 # One instance vs two on one data dir; list latency on SQLite (and on $DATABASE_URL if set).
 bench-instances: $(VENV)/.test
 	$(BIN)/python bench/bench_instances.py
+
+# Conversions run by the web instance against conversions handed to a worker, same run.
+bench-workers: $(VENV)/.test
+	$(BIN)/python bench/bench_workers.py
 
 # Small-file uploads with storage quotas on vs off, in the same run.
 bench-quotas: $(VENV)/.test
