@@ -7,6 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 2026
 WORKERS ?= 2
 CONNECTIONS ?= 1000
+TEST_WORKERS ?= auto
 BIN := $(VENV)/bin
 
 .PHONY: run worker test lint bench bench-small bench-scale bench-instances bench-workers bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
@@ -91,10 +92,13 @@ clamav:
 # through the login page with accounts on, and single-user), which DEER_FLOW_AUTH_DISABLED=1
 # would prevent, since it forces accounts off; the account tests need accounts on. Modules
 # marked `same_in_both_modes` (nothing in them reads the mode, or real processes whose mode
-# changes only the gate) run in the first pass only.
+# changes only the gate) run in the first pass only. Each pass runs on TEST_WORKERS
+# processes (pytest-xdist, one per core by default), a test module at a time each, so a
+# module's servers start once; every process starts its own PostgreSQL, clamd and browser.
 test: $(VENV)/.test browser postgres nginx fonts clamav
-	$(BIN)/python -m pytest -q
-	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -m "not browser and not same_in_both_modes"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+		-m "not browser and not same_in_both_modes"
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -222,6 +222,9 @@ record_versions = Table(
     # whether the records it cached are still the stored ones (PostgreSQL; see records.py).
     Column("scope", Text, primary_key=True),
     Column("version", BigInteger, nullable=False),
+    # One owner's threads by byte order, the quota's range (on PostgreSQL `COLLATE "C"`,
+    # which the primary key's collation cannot serve: migration 0012).
+    Index("ix_record_versions_scope_bytes", "scope"),
 )
 
 preview_turns = Table(

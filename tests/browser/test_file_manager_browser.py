@@ -252,10 +252,14 @@ def test_a_password_link_asks_first_and_ends_when_it_expires(
     expect(visitor.page.locator(".error-message")).to_contain_text(LINK_GONE)
 
 
-def names_shown(watched: Watched) -> list[str]:
-    return watched.page.locator("tr.file-row").evaluate_all(
-        "rows => rows.map(row => row.getAttribute('data-filename'))"
-    )
+def expect_names(watched: Watched, names: list[str]) -> None:
+    """The list shows exactly `names`, in that order, once the page that shows them is in
+    (a click on a column starts a navigation; reading the rows at once can catch the old
+    page, or none)."""
+    rows = watched.page.locator("tr.file-row")
+    expect(rows).to_have_count(len(names))
+    for index, name in enumerate(names):
+        expect(rows.nth(index)).to_have_attribute("data-filename", name)
 
 
 def test_natural_sort_and_the_chosen_order_survive_a_reload(
@@ -263,16 +267,18 @@ def test_natural_sort_and_the_chosen_order_survive_a_reload(
 ) -> None:
     live.seed(THREAD, {"bulk-10.txt": b"x" * 10, "bulk-2.txt": b"x" * 300, "bulk-1.txt": b"x"})
     open_thread(page, live)
-    assert names_shown(page) == ["bulk-1.txt", "bulk-2.txt", "bulk-10.txt"]
+    expect_names(page, ["bulk-1.txt", "bulk-2.txt", "bulk-10.txt"])
     page.page.get_by_role("link", name="Size", exact=True).click()
-    page.page.get_by_role("link", name="Size", exact=True).click()  # largest first
-    assert names_shown(page) == ["bulk-2.txt", "bulk-10.txt", "bulk-1.txt"]
+    expect_names(page, ["bulk-1.txt", "bulk-10.txt", "bulk-2.txt"])  # smallest first
+    page.page.get_by_role("link", name="Size", exact=True).click()
+    expect_names(page, ["bulk-2.txt", "bulk-10.txt", "bulk-1.txt"])  # then largest first
     page.page.goto(f"{live.url}/threads/{THREAD}")  # a plain URL: the choice is kept
-    assert names_shown(page) == ["bulk-2.txt", "bulk-10.txt", "bulk-1.txt"]
+    expect_names(page, ["bulk-2.txt", "bulk-10.txt", "bulk-1.txt"])
     expect(page.page.locator('th[aria-sort="descending"]')).to_contain_text("Size")
     page.page.get_by_role("link", name="Name", exact=True).click()  # back to the default, kept too
+    expect(page.page.locator('th[aria-sort="ascending"]')).to_contain_text("Name")
     page.page.reload()
-    assert names_shown(page) == ["bulk-1.txt", "bulk-2.txt", "bulk-10.txt"]
+    expect_names(page, ["bulk-1.txt", "bulk-2.txt", "bulk-10.txt"])
 
 
 def test_the_grid_shows_thumbnails_and_is_remembered(page: Watched, live: LiveServer) -> None:

@@ -79,14 +79,14 @@ def make_history(
     quotas: QuotaPolicy | None = None,
 ) -> ThreadHistory:
     """Build the versions and the trash over the upload service, and hook them into it
-    (`scanner`: scans a version again as it is restored; `quotas`: versions hold at most
-    `versions.max_quota_share` of their owner's quota)."""
+    (`scanner`: scans a version, or a file from the trash, again as it is restored;
+    `quotas`: versions hold at most `versions.max_quota_share` of their owner's quota)."""
 
     def versions_quota(db: Connection, owner: str) -> int | None:
         quota = None if quotas is None else quotas.quota_on(db, owner)
         return None if quota is None else int(quota * settings.max_quota_share)
 
     versions = FileVersions(uploads, settings, scanner=scanner, versions_quota=versions_quota)
-    history = ThreadHistory(versions, Trash(uploads, settings))
+    history = ThreadHistory(versions, Trash(uploads, settings, scanner=scanner))
     uploads.history = history
     return history

@@ -2,8 +2,10 @@
 
 A delete moves the file and the companions converted from it into
 `{thread}/history/trash/{trash_id}/` in the transaction that drops their records, and
-keeps those records in the trash entry, so a restore gives back the file as it was (its
-scan verdict included: the bytes did not change). A restore goes through the upload
+keeps those records in the trash entry, so a restore gives back the file as it was. Its
+scan verdict comes back only when it is a clean one from the signatures clamd runs now;
+else (scanned with older signatures, never scanned, scanning turned on since) the file is
+scanned again first, and infected bytes stay in the trash (422). A restore goes through the upload
 commit (`UploadService.commit_staged`) with the entry's bytes as its staged file, so the
 name it lands on follows the upload rules: `fail` (409 when the name is taken now),
 `rename` (the commit's `_N` numbering) or `replace` (the file holding the name becomes a
@@ -23,11 +25,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from deerflow_web.errors import InfectedFile
 from deerflow_web.errors import InvalidOption
 from deerflow_web.errors import TrashEntryNotFound
 from deerflow_web.models import OnConflict
+from deerflow_web.models import ScanState
 from deerflow_web.models import ScanVerdict
 from deerflow_web.models import UploadRecord
+from deerflow_web.services.history.versions import FileScanner
 from deerflow_web.services.history.versions import MovedIn
 from deerflow_web.services.uploads.service import SavedFile
 from deerflow_web.services.uploads.service import UploadService
@@ -79,10 +84,12 @@ class Trash:
         uploads: UploadService,
         settings: HistorySettings,
         *,
+        scanner: FileScanner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.uploads = uploads
         self.settings = settings
+        self.scanner = scanner  # None: scanning is off
         self._clock = clock
 
     @property
@@ -185,8 +192,8 @@ class Trash:
                 self._companion_back(txn, folders, companions, entry_dir, companion, restored)
             delete_trashed(txn.connection, scope, [trash_id])
 
-        verdict = ScanVerdict(main.scan_state, main.scan_signatures) if main.scan_state else None
         try:
+            verdict = self._verdict_now(main, moved.path)
             result = self.uploads.commit_staged(
                 folders,
                 entry.filename,
@@ -204,6 +211,30 @@ class Trash:
         companions.forget_backups()
         remove_quietly([entry_dir])
         return result.files[0].record
+
+    def _verdict_now(self, record: UploadRecord, path: Path) -> ScanVerdict | None:
+        """The verdict a restored file comes back with: its own when it is clean by the
+        signatures clamd runs now, else a new scan of its bytes (issue 28: a restore is an
+        upload). Scanning off: the verdict it had.
+
+        Raises:
+            InfectedFile: Today's signatures find something; the file stays in the trash.
+            ScannerUnavailable, TooLargeToScan: As the scanning policy says.
+        """
+        kept = ScanVerdict(record.scan_state, record.scan_signatures) if record.scan_state else None
+        if self.scanner is None:
+            return kept
+        if (
+            kept is not None
+            and kept.state is ScanState.CLEAN
+            and kept.signatures is not None
+            and kept.signatures == self.scanner.signatures()
+        ):
+            return kept
+        verdict = self.scanner.scan_file(path, record.filename)
+        if verdict.state is ScanState.INFECTED:
+            raise InfectedFile(record.filename, verdict.found or "unknown")
+        return verdict
 
     def _companion_back(
         self,

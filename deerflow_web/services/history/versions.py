@@ -127,6 +127,8 @@ class FileScanner(Protocol):
 
     def scan_file(self, path: Path, filename: str) -> ScanVerdict: ...
 
+    def signatures(self, *, fresh: bool = False) -> str | None: ...
+
 
 class FileVersions:
     """Keep, thin, list, serve and restore versions of a thread's files."""

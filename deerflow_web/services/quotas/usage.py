@@ -109,9 +109,15 @@ _PENDING_SINGLE_USER = select(func.coalesce(func.sum(resumable_uploads.c.length)
 )
 
 
-def _range(owner: str) -> dict[str, str]:
+def owner_range(owner: str) -> dict[str, str]:
+    """The bound parameters of an owner's range of scopes (`_under`)."""
     prefix = owner_scope_prefix(owner)
     return {"prefix": prefix, "past": prefix[:-1] + "0"}
+
+
+def owner_versions_query(dialect: str) -> Select[tuple[str, int]]:
+    """The versions of an owner's threads, as (scope, version) rows, for `owner_range`."""
+    return _VERSIONS_UNDER[dialect]
 
 
 class ThreadSums:
@@ -173,9 +179,9 @@ def stored_bytes(
     """
     dialect = db.dialect.name
     if sums is None:
-        records = db.execute(_RECORDS_UNDER[dialect], _range(owner)).scalar_one()
+        records = db.execute(_RECORDS_UNDER[dialect], owner_range(owner)).scalar_one()
         return int(records) + pending_bytes(db, owner, now)
-    versions = db.execute(_VERSIONS_UNDER[dialect], _range(owner)).all()
+    versions = db.execute(_VERSIONS_UNDER[dialect], owner_range(owner)).all()
     total = 0
     for scope, version in versions:
         if own is not None and scope == own[0]:

@@ -48,6 +48,7 @@ from flask import session
 from flask import url_for
 from flask.sessions import SecureCookieSessionInterface
 from flask.typing import ResponseReturnValue
+from itsdangerous import URLSafeTimedSerializer
 from werkzeug.exceptions import Forbidden
 
 from deerflow_web.errors import AuthError
@@ -103,12 +104,21 @@ class FlaskSessionInterface(SecureCookieSessionInterface):
     client's scheme, so one install serves plain HTTP on loopback and HTTPS in front.
     """
 
+    _serializer: tuple[object, URLSafeTimedSerializer | None] | None = None
+
     def get_cookie_name(self, app: Flask) -> str:
         name = super().get_cookie_name(app)
         return HOST_PREFIX + name if request.is_secure else name
 
     def get_cookie_secure(self, app: Flask) -> bool:
         return bool(app.config["SESSION_COOKIE_SECURE"]) or request.is_secure
+
+    def get_signing_serializer(self, app: Flask) -> URLSafeTimedSerializer | None:
+        """Flask's serializer, made once per key set rather than twice per request."""
+        keys = (app.secret_key, tuple(app.config["SECRET_KEY_FALLBACKS"] or ()))
+        if self._serializer is None or self._serializer[0] != keys:
+            self._serializer = (keys, super().get_signing_serializer(app))
+        return self._serializer[1]
 
 
 def auth_enabled() -> bool:

@@ -24,12 +24,15 @@ from deerflow_web.models import ThreadRef
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.files.artifact_edit import edit_artifact
 from deerflow_web.services.quotas.policy import QuotaPolicy
+from deerflow_web.services.quotas.usage import owner_range
+from deerflow_web.services.quotas.usage import owner_versions_query
 from deerflow_web.services.quotas.usage import stored_bytes
 from deerflow_web.services.uploads.intake import UploadIntake
 from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
+from deerflow_web.storage.database import record_versions
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import uploads as uploads_table
 from deerflow_web.storage.migrate import open_database
@@ -319,3 +322,31 @@ def test_kept_thread_sums_always_match_the_records(service, engine, base_dir) ->
     agree()
     save(service, ref("A"), (b"w" * 3, "c.txt"))  # replaces again, sums kept on both sides
     agree()
+
+
+def test_an_owners_threads_are_read_by_index_not_by_scanning_everyones(
+    engine: Engine, database_url: str
+) -> None:
+    """The commit's usage read finds one owner's threads by a range of their scopes; with
+    50,000 threads of 500 owners stored it must read the owner's 100, through an index.
+    (On PostgreSQL the range compares as "C", which the primary key cannot serve: each
+    commit read the whole table before migration 0012.)"""
+    with engine.begin() as db:
+        db.execute(
+            record_versions.insert(),
+            [{"scope": f"users/u{n % 500}/threads/t{n}", "version": 1} for n in range(50_000)],
+        )
+        if engine.dialect.name == "postgresql":
+            db.exec_driver_sql("ANALYZE record_versions")
+    query = owner_versions_query(engine.dialect.name)
+    with engine.connect() as db:
+        params = owner_range("u7")
+        sql = query.params(**params).compile(
+            dialect=engine.dialect, compile_kwargs={"literal_binds": True}
+        )
+        prefix = "EXPLAIN " if engine.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN "
+        plan = " ".join(str(row[-1]) for row in db.exec_driver_sql(f"{prefix}{sql}"))
+        found = db.execute(query, params).all()
+    assert len(found) == 100 and all(s.startswith("users/u7/threads/") for s, _ in found)
+    assert "Seq Scan" not in plan and "SCAN record_versions" not in plan, plan
+    assert "Index" in plan or "INDEX" in plan, plan

@@ -546,3 +546,48 @@ def test_a_restored_version_is_scanned_again(
     assert refused.get_json()["detail"]
     assert (uploads_dir(base_dir, T) / "a.txt").read_bytes() == b"first clean text"
     assert version_file.exists() and len(versions(client, "a.txt")) == 1
+
+
+def test_a_file_restored_from_the_trash_is_scanned_unless_clean_by_todays_signatures(
+    make_app: Any,
+    make_clamd: Any,
+    base_dir: Path,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore is an upload (issue 28): files trashed before scanning was turned on come
+    back only with a verdict of today's signatures. Clean bytes come back `clean`; bytes
+    they call infected stay in the trash (422); clamd down refuses (503), leaving the entry."""
+    from tests.support.clamd import EICAR
+
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    unscanned = UploadActions(make_app().test_client())
+    unscanned.upload(T, (b"plain words", "clean.txt"), (EICAR, "eicar.txt"))
+    unscanned.delete(T, "clean.txt")
+    unscanned.delete(T, "eicar.txt")
+
+    clamd = make_clamd()
+    app = make_app(scanning={"clamd": clamd.address, "timeout_seconds": 3})
+    client = app.test_client()
+    entries = {entry["filename"]: entry["trash_id"] for entry in trash(client)}
+    refused = client.post(f"{BASE}/trash/{entries['eicar.txt']}/restore")
+    assert refused.status_code == 422, refused.get_json()
+    assert "eicar.txt" in refused.get_json()["detail"]
+    assert not (uploads_dir(base_dir, T) / "eicar.txt").exists()
+    clamd.stop()
+    down = client.post(f"{BASE}/trash/{entries['clean.txt']}/restore")
+    assert down.status_code == 503 and down.headers["Retry-After"], down.get_json()
+    assert {entry["filename"] for entry in trash(client)} == {"clean.txt", "eicar.txt"}
+    clamd.start()
+    restored = client.post(f"{BASE}/trash/{entries['clean.txt']}/restore")
+    assert restored.status_code == 200, restored.get_json()
+    assert restored.get_json()["file"]["scan_state"] == "clean"
+    assert (uploads_dir(base_dir, T) / "clean.txt").read_bytes() == b"plain words"
+    assert [entry["filename"] for entry in trash(client)] == ["eicar.txt"]
+    # Clean by today's signatures: deleted and restored again without a new scan.
+    UploadActions(client).delete(T, "clean.txt")
+    (again,) = [e["trash_id"] for e in trash(client) if e["filename"] == "clean.txt"]
+    clamd.stop()
+    back = client.post(f"{BASE}/trash/{again}/restore")
+    assert back.status_code == 200, back.get_json()
+    assert back.get_json()["file"]["scan_state"] == "clean"
