@@ -38,6 +38,15 @@ from tests.support.route_builders import install as cache_route_builders
 from tests.support.seaweedfs import SeaweedFS
 from tests.support.seaweedfs import weed_missing
 
+# The modules that take longest (real processes, a real browser) start first: on several
+# processes (`make test` runs pytest-xdist, a module at a time per process) the last
+# module a process picks up is then a short one, not a minutes-long one left to run alone.
+SLOW_FIRST = ("tests/system/", "tests/browser/")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))  # stable: in order
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _responses_fit_the_api_description() -> Iterator[None]:
