@@ -10,7 +10,7 @@ CONNECTIONS ?= 1000
 TEST_WORKERS ?= auto
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-small bench-scale bench-instances bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
+.PHONY: run worker test lint bench bench-small bench-scale bench-instances bench-workers bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ run: $(VENV)/.runtime
 		--workers $(WORKERS) --worker-connections $(CONNECTIONS) --bind $(HOST):$(PORT) \
 		--timeout 600 --graceful-timeout 30 --no-control-socket --access-logfile - \
 		--access-logformat '%(h)s "%(r)s" %(s)s %(b)s %(M)sms' app:app
+
+# The background jobs alone (conversions, rescans, sweeps), with no HTTP server, for web
+# instances with `jobs.run_in_web: false` on the same database and data dir (docs/deploy.md).
+worker: $(VENV)/.runtime
+	$(BIN)/flask --app app worker
 
 # Debian's Chromium for the browser tests; Playwright drives it, no browser is downloaded.
 browser:
@@ -112,6 +117,10 @@ bench-scale: $(VENV)/.test
 # One instance vs two on one data dir; list latency on SQLite (and on $DATABASE_URL if set).
 bench-instances: $(VENV)/.test
 	$(BIN)/python bench/bench_instances.py
+
+# Conversions run by the web instance against conversions handed to a worker, same run.
+bench-workers: $(VENV)/.test
+	$(BIN)/python bench/bench_workers.py
 
 # Small-file uploads with storage quotas on vs off, in the same run.
 bench-quotas: $(VENV)/.test

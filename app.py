@@ -3,5 +3,6 @@ from deerflow_web.web.wiring import EXTENSION_KEY
 
 app = create_app()
 # A server instance keeps its conversion leases alive and takes over the jobs of an
-# instance that died (SPEC 9), even before it converts anything itself.
+# instance that died (SPEC 9), even before it converts anything itself; with
+# `jobs.run_in_web` off it runs no jobs and this does nothing (workers run them).
 app.extensions[EXTENSION_KEY].conversions.start_keeper()

@@ -254,6 +254,55 @@ class RetentionSettings:
         )
 
 
+JOBS_RUN_IN_WEB_ENV = "DEER_FLOW_JOBS_RUN_IN_WEB"
+
+
+@dataclass(frozen=True)
+class JobsSettings:
+    """Where the background jobs run (`jobs.*`): conversions and OCR, periodic rescans,
+    retention sweeps.
+
+    `run_in_web` (default on): each web instance runs them, as one `make run` must. Off, a
+    web instance only records a job in the database, and `flask --app app worker`
+    processes, possibly on machines of their own, run it.
+    """
+
+    run_in_web: bool = True
+    # How often a worker looks for queued jobs when it has a converter free.
+    poll_seconds: float = 1.0
+    # On SIGTERM a worker lets running conversions finish for this long; what is still
+    # running then is released for another worker.
+    stop_grace_seconds: float = 20.0
+
+    @classmethod
+    def from_mapping(cls, jobs: Mapping[str, Any], environ: Mapping[str, str]) -> JobsSettings:
+        """Read `jobs.*`; `DEER_FLOW_JOBS_RUN_IN_WEB` wins over the file."""
+        raw = environ.get(JOBS_RUN_IN_WEB_ENV)
+        if raw is None or raw.strip() == "":
+            raw = jobs.get("run_in_web", True)
+        return cls(
+            run_in_web=_bool_setting(raw, "jobs.run_in_web", default=True),
+            poll_seconds=positive_setting(
+                jobs, "poll_seconds", cls.poll_seconds, section_name="jobs"
+            ),
+            stop_grace_seconds=positive_setting(
+                jobs, "stop_grace_seconds", cls.stop_grace_seconds, section_name="jobs"
+            ),
+        )
+
+
+def _bool_setting(raw: object, name: str, *, default: bool) -> bool:
+    """A yes/no word or boolean; anything else falls back to `default` with a warning (an
+    unreadable value must not switch a default behaviour off)."""
+    if isinstance(raw, bool):
+        return raw
+    flag = parse_flag(str(raw)) if isinstance(raw, str | int) else None
+    if flag is None:
+        logger.warning("%s=%r is not true or false; using %s", name, raw, default)
+        return default
+    return flag
+
+
 SCAN_POLICIES = ("refuse", "accept_unscanned")
 
 
@@ -546,6 +595,7 @@ class Settings:
     quotas: QuotaSettings = field(default_factory=QuotaSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
+    jobs: JobsSettings = field(default_factory=JobsSettings)
 
 
 def _optional_string(value: object) -> str | None:
@@ -784,4 +834,5 @@ def load_settings(
         quotas=quotas_from(_section(config, "quotas"), env),
         retention=RetentionSettings.from_mapping(_section(config, "retention")),
         storage=StorageSettings.from_mapping(_section(config, "storage"), env),
+        jobs=JobsSettings.from_mapping(_section(config, "jobs"), env),
     )

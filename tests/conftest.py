@@ -265,6 +265,7 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         trash: dict[str, Any] | None = None,
         quotas: dict[str, Any] | None = None,
         retention: dict[str, Any] | None = None,
+        jobs: dict[str, Any] | None = None,
         test_user: bool = True,
         **overrides: Any,
     ) -> Flask:
@@ -286,6 +287,7 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
                 ("trash", trash),
                 ("quotas", quotas),
                 ("retention", retention),
+                ("jobs", jobs),
             )
             if value is not None
         }

@@ -107,7 +107,9 @@ class DocumentSource:
                     uploads = self._uploads or make_upload_service(
                         self._paths.base_dir, settings.limits
                     )
-                    self._jobs = ConversionJobs(uploads, settings.conversion)
+                    self._jobs = ConversionJobs(
+                        uploads, settings.conversion, runs_jobs=settings.jobs.run_in_web
+                    )
                 if self._wait is None:
                     self._wait = settings.agent.read_conversion_wait_seconds
             return self._jobs, self._wait

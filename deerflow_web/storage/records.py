@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any
 from typing import Protocol
 
+from sqlalchemy import ColumnElement
 from sqlalchemy import Engine
 from sqlalchemy import Executable
 from sqlalchemy import and_
@@ -182,17 +183,31 @@ class UploadRecords(Protocol):
     def claim_expired_conversions(
         self, owner: str, now: float, lease_until: float, limit: int
     ) -> list[tuple[str, str]]: ...
+    def has_claimable_conversions(self, now: float) -> bool: ...
     def renew_leases(
         self, owner: str, lease_until: float, jobs: Iterable[tuple[str, str]]
     ) -> int: ...
     def finish_conversion(
         self, scope: str, filename: str, owner: str, state: ConversionState, error: str | None
     ) -> bool: ...
+    def release_conversion(self, scope: str, filename: str, owner: str) -> bool: ...
     def find_conversions(
         self, states: Iterable[ConversionState]
     ) -> list[tuple[str, str, str | None]]: ...
     def summaries(self) -> list[ThreadSummary]: ...
     def ping(self) -> None: ...
+
+
+def _claimable(now: float) -> ColumnElement[bool]:
+    """An active job nobody holds: queued for any worker (no lease), or whose holder
+    stopped renewing its lease."""
+    return and_(
+        uploads.c.conversion_state.in_(_ACTIVE),
+        or_(
+            uploads.c.conversion_lease_until.is_(None),
+            uploads.c.conversion_lease_until < now,
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -622,6 +637,13 @@ class DatabaseUploadRecords:
             )
             return result.rowcount > 0
 
+    def has_claimable_conversions(self, now: float) -> bool:
+        """Whether any active job has no lease or a lapsed one: a read, so a worker polling
+        every second takes no write lock (SQLite) while there is nothing to claim."""
+        with self._connection() as db:
+            row = db.execute(select(uploads.c.scope).where(_claimable(now)).limit(1)).first()
+        return row is not None
+
     def claim_expired_conversions(
         self, owner: str, now: float, lease_until: float, limit: int
     ) -> list[tuple[str, str]]:
@@ -632,17 +654,10 @@ class DatabaseUploadRecords:
         """
         if limit <= 0:
             return []
-        expired = and_(
-            uploads.c.conversion_state.in_(_ACTIVE),
-            or_(
-                uploads.c.conversion_lease_until.is_(None),
-                uploads.c.conversion_lease_until < now,
-            ),
-        )
         with write_transaction(self.engine) as db:
             rows = db.execute(
                 select(uploads.c.scope, uploads.c.filename)
-                .where(expired)
+                .where(_claimable(now))
                 .order_by(uploads.c.conversion_queued_at, uploads.c.scope, uploads.c.filename)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
@@ -696,6 +711,28 @@ class DatabaseUploadRecords:
                 .values(
                     conversion_state=state.value,
                     conversion_error=error,
+                    conversion_owner=None,
+                    conversion_lease_until=None,
+                )
+            )
+            return result.rowcount > 0
+
+    def release_conversion(self, scope: str, filename: str, owner: str) -> bool:
+        """Hand an active job `owner` holds back as `queued`, with no holder and no lease,
+        so any worker claims it at once; its place in the queue is kept. False if `owner`
+        holds it no longer."""
+        with self._write() as db:
+            _bump_version(db, scope)  # the state is part of the records, as in every writer
+            result = db.execute(
+                update(uploads)
+                .where(
+                    uploads.c.scope == scope,
+                    uploads.c.filename == filename,
+                    uploads.c.conversion_owner == owner,
+                    uploads.c.conversion_state.in_(_ACTIVE),
+                )
+                .values(
+                    conversion_state=ConversionState.QUEUED.value,
                     conversion_owner=None,
                     conversion_lease_until=None,
                 )

@@ -1,7 +1,8 @@
 """`flask --app app users ...`: set up accounts without a browser (SPEC 7.2);
 `flask --app app db upgrade`: migrate the shared database (SPEC 9);
 `flask --app app import-deerflow DIR`: adopt a DeerFlow data directory, once (doc C);
-`flask --app app files rescan`: scan stored files again for viruses.
+`flask --app app files rescan`: scan stored files again for viruses;
+`flask --app app worker`: run only the background jobs, with no HTTP server.
 
 The commands use the same account rules as the pages and the API: a password the set-up
 page would refuse is refused here too.
@@ -9,7 +10,11 @@ page would refuse is refused here too.
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -26,6 +31,8 @@ from deerflow_web.services.uploads.deerflow_import import import_deerflow
 from deerflow_web.storage.migrate import current_revision
 from deerflow_web.storage.migrate import upgrade_database
 from deerflow_web.web.wiring import get_services
+
+logger = logging.getLogger(__name__)
 
 db_cli = AppGroup("db", help="The shared database: apply its migrations.")
 files_cli = AppGroup("files", help="Stored files: rescan them for viruses.")
@@ -206,9 +213,67 @@ def import_deerflow_command(
     )
 
 
+@click.command("worker")
+@with_appcontext
+def worker_command() -> None:
+    """Run only the background jobs: conversions and OCR, the rescans (with scanning on)
+    and the retention sweeps (with retention on), with no HTTP server, until SIGTERM or
+    SIGINT.
+
+    Web instances with `jobs.run_in_web: false` record the jobs in the shared database and
+    any number of workers run them. On SIGTERM a worker takes no more jobs, hands back the
+    queued ones, lets running conversions finish for `jobs.stop_grace_seconds` and releases
+    the rest for another worker.
+    """
+    services = get_services()
+    jobs = services.jobs
+    _log_to_stderr()
+    stop = threading.Event()
+    received: list[str] = []
+
+    def on_signal(number: int, _frame: object) -> None:
+        received.append(signal.Signals(number).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    logger.info(
+        "worker started (pid %d): runs %s; database %s, data dir %s",
+        os.getpid(),
+        jobs.describe(),
+        services.engine.url.render_as_string(),
+        services.settings.base_dir,
+    )
+    try:
+        unfinished = jobs.run_until(stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    logger.info(
+        "worker stopped (pid %d, %s): %d conversion(s) left to other workers",
+        os.getpid(),
+        received[0] if received else "stopped",
+        unfinished,
+    )
+    if unfinished:
+        # Released already; their converters end with this process rather than keep
+        # the interpreter waiting for their threads.
+        logging.shutdown()
+        os._exit(0)
+
+
+def _log_to_stderr() -> None:
+    """A worker's log is its only output: INFO and above to standard error, unless the
+    embedding program set logging up already."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+
+
 def init_app(app: Flask) -> None:
     """Register the command groups."""
     app.cli.add_command(users_cli)
     app.cli.add_command(db_cli)
     app.cli.add_command(files_cli)
     app.cli.add_command(import_deerflow_command)
+    app.cli.add_command(worker_command)

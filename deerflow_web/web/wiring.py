@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import tempfile
@@ -14,6 +15,7 @@ from deerflow_web.errors import NotAuthenticated
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.services.accounts.service import AccountService
 from deerflow_web.services.archives.extract import ArchiveExtractor
+from deerflow_web.services.background import BackgroundJobs
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.conversion.runner import sweep_stale_work_folders
 from deerflow_web.services.files.share_links import ShareLinks
@@ -45,6 +47,8 @@ from deerflow_web.storage.paths import tighten_secret_file
 from deerflow_web.storage.paths import use_storage_group
 from deerflow_web.storage.scan_events import ScanEvents
 
+logger = logging.getLogger(__name__)
+
 EXTENSION_KEY = "deerflow_web"
 SECRET_KEY_FILE = "secret_key"
 
@@ -68,7 +72,10 @@ class Services:
         self.history: ThreadHistory = make_history(
             self.uploads, settings.history, self.scanner, self.quotas
         )
-        self.conversions = ConversionJobs(self.uploads, settings.conversion)
+        # With `jobs.run_in_web` off the jobs are only recorded here; workers run them.
+        self.conversions = ConversionJobs(
+            self.uploads, settings.conversion, runs_jobs=settings.jobs.run_in_web
+        )
         self.extractor = ArchiveExtractor(self.uploads, settings.archives)
         self.intake = UploadIntake(
             self.uploads,
@@ -106,6 +113,15 @@ class Services:
             settings.retention.thread_days,
             interval_seconds=settings.retention.sweep_interval_minutes * 60,
             trash=self.history.trash_bin,
+        )
+        # Conversions, rescans and sweeps: started here unless `jobs.run_in_web` is off, run
+        # by `flask --app app worker` either way.
+        self.jobs = BackgroundJobs(
+            settings.jobs,
+            self.conversions,
+            rescans=self.rescans,
+            rescan_interval_seconds=settings.scanning.rescan_interval_seconds,
+            retention=self.retention,
         )
         self.thumbnails = Thumbnails(settings.base_dir)
         self._accounts: AccountService | None = None
@@ -161,10 +177,14 @@ def init_app(app: Flask, settings: Settings) -> None:
         services.uploads.paths.iter_uploads_dirs(), keep=services.resumable.is_live_staging
     )
     sweep_stale_work_folders()  # of converters whose server was killed
-    services.conversions.reclaim_interrupted_jobs()
-    if services.rescans is not None:
-        services.rescans.start(settings.scanning.rescan_interval_seconds)
-    services.retention.start()
+    if settings.jobs.run_in_web:
+        # The lease keeper is started by a server (app.py) or a worker, not by every app.
+        services.jobs.start(keeper=False)
+    else:
+        logger.info(
+            "background jobs off in this instance (jobs.run_in_web: false): conversions are "
+            "queued for `flask --app app worker` processes"
+        )
     app.extensions[EXTENSION_KEY] = services
 
 

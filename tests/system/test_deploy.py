@@ -240,14 +240,15 @@ def test_sessions_through_nginx_get_secure_cookies(proxy: Proxy) -> None:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
-def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
-    """`systemd-analyze verify` on deploy/deerflow-web.service, its paths pointed here."""
-    unit = (ROOT / "deploy" / "deerflow-web.service").read_text(encoding="utf-8")
+@pytest.mark.parametrize("name", ["deerflow-web.service", "deerflow-worker.service"])
+def test_the_systemd_unit_verifies(tmp_path: Path, name: str) -> None:
+    """`systemd-analyze verify` on each unit of deploy/, its paths pointed here."""
+    unit = (ROOT / "deploy" / name).read_text(encoding="utf-8")
     assert unit.count("/opt/deerflow-web") >= 3
-    local = tmp_path / "deerflow-web.service"
+    local = tmp_path / name
     local.write_text(unit.replace("/opt/deerflow-web", str(ROOT)), encoding="utf-8")
     result = subprocess.run(
         ["systemd-analyze", "verify", str(local)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert "deerflow-web.service" not in result.stderr, result.stderr  # no warning about it
+    assert name not in result.stderr, result.stderr  # no warning about it

@@ -57,6 +57,7 @@ def test_readyz_when_all_is_well(client: FlaskClient, base_dir: Path) -> None:
         "database": "ok",
         "storage": "ok",
         "scanner": "off",
+        "jobs": "on",
     }
     assert not [name for name in os.listdir(base_dir) if name.startswith(".readyz-")]
 

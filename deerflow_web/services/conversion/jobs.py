@@ -23,6 +23,13 @@ here (429 beyond that); each conversion is also bounded in CPU time
 (`conversion.cpu_limit_seconds`), below its wall-clock limit, so a document that spins the
 CPU ends sooner than one that merely waits.
 
+Where jobs run (`jobs.run_in_web`): by default every web instance runs the jobs it is asked
+for, and takes over orphaned ones. With it off, a web instance only records a job as
+`queued` with no holder and no lease, so any worker (`flask --app app worker`, see
+`services/background.py`) claims it at once, and follows it in the database as it follows a
+job of another instance; it never starts a converter. A worker claims only as many jobs as
+it has converters free, so several workers share a burst instead of one hoarding it.
+
 Every job ends `done` or `failed`, or is run again: its final write (`_land`) is retried
 while the database is unreachable, for up to one lease; if the database stays away longer
 the job is released (no longer renewed), and whoever sweeps after its lease ran out runs
@@ -167,8 +174,15 @@ class ConversionJobs:
         settings: ConversionSettings,
         *,
         converter: Converter = convert_to_markdown,
+        runs_jobs: bool = True,
     ) -> None:
+        """`runs_jobs`: False for a web instance with `jobs.run_in_web` off, which records
+        jobs for the workers and never converts anything itself."""
         self.uploads = uploads
+        self.runs_jobs = runs_jobs
+        # A worker process (`become_worker`) claims no more jobs than it has converters free.
+        self.is_worker = False
+        self._accepting = True  # False once a worker stops: nothing new is claimed
         self.settings = settings
         self.converter = converter
         self._lock = threading.Lock()
@@ -187,12 +201,25 @@ class ConversionJobs:
         self.owner = process_owner()
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
+        self._claiming = threading.Lock()
 
     @property
     def queued(self) -> int:
         """Jobs of this process waiting for a free converter."""
         with self._counting:
             return self._waiting
+
+    @property
+    def free_converters(self) -> int:
+        """Converters of this process neither busy nor promised to a queued job."""
+        with self._counting:
+            return max(self.settings.workers - self._waiting - sum(self._converting.values()), 0)
+
+    def become_worker(self) -> None:
+        """Run jobs as a worker process: claim them from the database, as many as there are
+        free converters, whatever this process's `jobs.run_in_web` says."""
+        self.runs_jobs = True
+        self.is_worker = True
 
     def _lease(self) -> float:
         return time.time() + self.settings.lease_seconds
@@ -215,12 +242,17 @@ class ConversionJobs:
 
     def reclaim_interrupted_jobs(self) -> int:
         """At start-up: take over jobs whose process on this host died (a restart) and run
-        them again, without waiting for their leases to run out; return how many."""
+        them again, without waiting for their leases to run out; return how many. A web
+        instance that runs no jobs leaves them to the workers."""
+        if not self.runs_jobs:
+            return 0
         records = self.uploads.records
         now = time.time()
         count = 0
         for scope, filename, owner in records.find_conversions(ACTIVE_CONVERSION_STATES):
-            if not _owner_is_gone(owner):
+            # No holder: queued for whichever worker has room (`claim_waiting_jobs`), not
+            # all taken by the first process that starts.
+            if owner is None or not _owner_is_gone(owner):
                 continue
             records.set_conversion(scope, filename, ConversionState.QUEUED, None, None, 0.0, now)
             if records.claim_conversion(scope, filename, self.owner, now, self._lease()):
@@ -232,8 +264,10 @@ class ConversionJobs:
         """Renew this process's leases and sweep for orphaned jobs, in the background.
 
         Started by the first job, and by servers at start-up (so an idle instance still
-        picks up the jobs of one that died).
+        picks up the jobs of one that died). Not in a web instance that runs no jobs.
         """
+        if not self.runs_jobs:
+            return
         with self._lock:
             if self._keeper is not None and self._keeper.is_alive():
                 return
@@ -258,12 +292,64 @@ class ConversionJobs:
         room for."""
         records = self.uploads.records
         records.renew_leases(self.owner, self._lease(), self.held_jobs())
-        room = self.settings.max_queued - self.queued
-        claimed = records.claim_expired_conversions(self.owner, time.time(), self._lease(), room)
-        for scope, filename in claimed:
-            logger.info("claimed orphaned conversion of %s in %s", filename, scope)
-            self._start_claimed(scope, filename)
+        return self.claim_waiting_jobs()
+
+    def claim_waiting_jobs(self) -> list[tuple[str, str]]:
+        """Claim and start the jobs nobody holds: queued for the workers, or orphaned by a
+        process that died. As many as this process has room for: a worker's free
+        converters, else its queue bound."""
+        records = self.uploads.records
+        with self._claiming:  # the keeper and a worker's poll: one counts the room at a time
+            if not self._accepting:
+                return []
+            room = (
+                self.free_converters if self.is_worker else self.settings.max_queued - self.queued
+            )
+            if room <= 0 or not records.has_claimable_conversions(time.time()):
+                return []  # read first: an idle poll takes no write lock
+            claimed = records.claim_expired_conversions(
+                self.owner, time.time(), self._lease(), room
+            )
+            for scope, filename in claimed:
+                logger.info("claimed conversion of %s in %s", filename, scope)
+                self._start_claimed(scope, filename)
         return claimed
+
+    def drain(self) -> int:
+        """Stop taking jobs (a worker that is stopping), and hand back the ones queued here
+        that no converter has started: they become claimable at once by another worker.
+        Returns how many; conversions already running go on (`running`)."""
+        with self._claiming:  # a claim under way finishes first; none starts after it
+            self._accepting = False
+        with self._counting:
+            jobs = [job for queue in self._queues.values() for job in queue]
+            self._queues.clear()
+            self._waiting -= len(jobs)
+            for job in jobs:
+                self._done_with(job.user_id)
+                for name in job.filenames:
+                    self._unhold(job.thread.scope, name)
+        records = self.uploads.records
+        for job in jobs:
+            for name in job.filenames:
+                records.release_conversion(job.thread.scope, name, self.owner)
+            job.future.cancel()
+        return len(jobs)
+
+    @property
+    def running(self) -> int:
+        """Conversions of this process that a converter is working on now."""
+        with self._counting:
+            return sum(self._converting.values())
+
+    def release_held_jobs(self) -> int:
+        """Give up every job this process still holds (a worker out of time to stop): each
+        becomes claimable at once instead of after its lease. Returns how many."""
+        held = self.held_jobs()
+        records = self.uploads.records
+        for scope, filename in held:
+            records.release_conversion(scope, filename, self.owner)
+        return len(held)
 
     def _start_claimed(self, scope: str, filename: str) -> None:
         """Run a job this process has just claimed in the database."""
@@ -303,6 +389,10 @@ class ConversionJobs:
         scope = folders.scope
         records = self.uploads.records
         job = records.conversion_job(scope, filename)
+        if not self.runs_jobs:
+            if job is None or job.state not in ACTIVE_CONVERSION_STATES:
+                self._enqueue(folders, [filename])
+            return self._wait_for_other_process(folders, filename, timeout)
         if job is not None and job.state in ACTIVE_CONVERSION_STATES and job.owner != self.owner:
             now = time.time()
             taken = not job.live(now) and records.claim_conversion(
@@ -337,6 +427,16 @@ class ConversionJobs:
         ]
         if not names:
             return {}
+        if not self.runs_jobs:
+            folders = self.uploads.folders(thread)
+            try:
+                self._enqueue(folders, names)
+            except ConversionQueueFull:
+                logger.warning(
+                    "conversion limit reached: %d upload(s) left unconverted", len(names)
+                )
+                return {}  # the upload itself succeeded; Convert stays available
+            return self._companions_within_wait(folders, names)
         try:
             folders = self.uploads.folders(thread)
             future = self._start(folders, names)
@@ -349,6 +449,57 @@ class ConversionJobs:
             folders.forget_records()  # the job goes on writing: read where it stands
         records = self.uploads.records_of(folders)
         return {r.converted_from: r for r in records if r.converted_from in names}
+
+    def _enqueue(self, folders: ThreadFolders, filenames: list[str]) -> None:
+        """Record jobs as `queued` with no holder and no lease, for a worker to claim at once
+        (a web instance that runs no jobs).
+
+        Fair share still holds, counted in the database since the jobs run elsewhere: a
+        user may have at most `conversion.max_per_user` conversions queued or running on
+        all workers together (single-user mode: no bound, as `_admit` has one user).
+
+        Raises:
+            ConversionUserLimit: The user has that many already; nothing was queued.
+        """
+        scope = folders.scope
+        user_id = folders.ref.user_id
+        if user_id != SINGLE_USER:
+            active = 0
+            for other_scope, other_name, _owner in self.uploads.records.find_conversions(
+                ACTIVE_CONVERSION_STATES
+            ):
+                if other_scope == scope and other_name in filenames:
+                    continue  # queued again: counted once
+                try:
+                    if self.uploads.paths.parse_scope(other_scope).user_id == user_id:
+                        active += 1
+                except ValueError:
+                    continue
+            if active >= self.settings.max_per_user:  # a request's files go in together
+                raise ConversionUserLimit(active, RETRY_AFTER_SECONDS)
+        now = time.time()
+        for name in filenames:
+            self.uploads.records.set_conversion(
+                scope, name, ConversionState.QUEUED, None, None, None, now
+            )
+
+    def _companions_within_wait(
+        self, folders: ThreadFolders, names: list[str]
+    ) -> dict[str, UploadRecord]:
+        """Poll the database for up to `conversion_wait_seconds` while workers convert
+        `names`; the companions made by then, by original name."""
+        deadline = time.monotonic() + self.settings.wait_seconds
+        while True:
+            folders.forget_records()  # the workers write the records
+            records = self.uploads.records_of(folders)
+            pending = [
+                r
+                for r in records
+                if r.filename in names and r.conversion_state in ACTIVE_CONVERSION_STATES
+            ]
+            if not pending or time.monotonic() >= deadline:
+                return {r.converted_from: r for r in records if r.converted_from in names}
+            time.sleep(POLL_SECONDS)
 
     def _start(
         self, folders: ThreadFolders, filenames: list[str], *, claimed: bool = False
@@ -433,6 +584,8 @@ class ConversionJobs:
     def _run_next(self) -> None:
         """A converter's turn: run the fairest queued job (see `_next_job`)."""
         with self._counting:  # not `_lock`: a pool may run a job inside `_start`
+            if not self._queues:
+                return  # handed back by `drain` before a converter got to it
             job = self._next_job()
             self._waiting -= 1
             self._converting[job.user_id] += 1
@@ -692,7 +845,10 @@ class ConversionJobs:
                 return status
             job = records.conversion_job(scope, filename)
             now = time.time()
-            if job is not None and not job.live(now) and job.owner != self.owner:
+            # A web instance that runs no jobs never takes one over: a worker claims it,
+            # however long it waits.
+            lapsed = job is not None and not job.live(now) and job.owner != self.owner
+            if self.runs_jobs and lapsed:
                 if records.claim_conversion(scope, filename, self.owner, now, self._lease()):
                     self._start(folders, [filename], claimed=True)
             time.sleep(POLL_SECONDS)

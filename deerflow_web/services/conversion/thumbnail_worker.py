@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import sys
 
+from deerflow_web.services.conversion.pixel_limits import pillow_pixel_limit
 from deerflow_web.services.conversion.worker import apply_limits
 
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
@@ -35,9 +36,10 @@ def make_thumbnail(data: bytes, size: int = THUMBNAIL_SIZE) -> bytes:
     from PIL import Image
     from PIL import ImageOps
 
-    Image.MAX_IMAGE_PIXELS = MAX_PIXELS  # Pillow's own bomb check, as a second line
     try:
-        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+        with pillow_pixel_limit(MAX_PIXELS):  # Pillow's own bomb check, as a second line
+            opened = Image.open(io.BytesIO(data), formats=FORMATS)
+        with opened as image:
             width, height = image.size
             if width * height > MAX_PIXELS:
                 raise ValueError(f"{width}x{height} is more pixels than a thumbnail is made of")

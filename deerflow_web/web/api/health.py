@@ -3,7 +3,8 @@
 Both are public and answer JSON whatever the client asks for: a probe has no session and
 no language. `/healthz` only says the process serves requests; `/readyz` also checks the
 records database and the data dir, and answers 503 naming what failed; it also reports the
-virus scanner (`off`, `ok`, `failed`).
+virus scanner (`off`, `ok`, `failed`) and whether this instance runs the background jobs
+(`jobs`: `on`, or `off` with `jobs.run_in_web: false`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ def readyz() -> ResponseReturnValue:
     # The scanner is reported, and does not take the instance out of rotation: every
     # instance shares it, and listing and downloading work without it (uploads are
     # refused one by one with 503 while it is down, unless accepted unscanned).
-    body["scanner"] = scanner_state(get_services().scanner)
+    services = get_services()
+    body["scanner"] = scanner_state(services.scanner)
+    # `off`: this instance runs no conversions, rescans or sweeps (`jobs.run_in_web`);
+    # workers must, or jobs stay queued. Reported, never a reason to leave rotation.
+    body["jobs"] = "on" if services.conversions.runs_jobs else "off"
     if body["scanner"] == FAILED:
         problems.append("scanner: clamd does not answer; uploads are refused (fail-closed)")
         if readiness.ready:

@@ -83,3 +83,14 @@ def test_a_refused_image_is_remembered_as_having_none(tmp_path: Path) -> None:
 def test_a_key_that_is_not_a_hash_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         Thumbnails(tmp_path).path_for("../../etc/passwd")
+
+
+def test_pillows_own_limit_is_put_back_after_a_thumbnail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's tighter limit lasts for its own image only: the rest of the process
+    (the agent's image reading, under Pillow's default) never sees it."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 123_456_789)  # the process's own setting
+    before = Image.MAX_IMAGE_PIXELS
+    make_thumbnail(gradient_png(64, 48))
+    with pytest.raises(ValueError):
+        make_thumbnail(png_header_claiming(100_000, 100_000))
+    assert Image.MAX_IMAGE_PIXELS == before

@@ -116,6 +116,7 @@ def test_health_endpoints_under_gunicorn(base_dir: Path, tmp_path: Path) -> None
             "database": "ok",
             "storage": "ok",
             "scanner": "off",
+            "jobs": "on",
         }
 
 
