@@ -35,6 +35,8 @@ from dataclasses import field
 from typing import Any
 from typing import BinaryIO
 
+from deerflow_web.services.conversion.pixel_limits import pillow_pixel_limit
+
 MAX_DECODE_PIXELS = 100_000_000  # refused before decoding: 10,000 x 10,000
 MAX_OCR_PIXELS = 12_000_000  # what the engine is given at most: a 300 dpi A4 page
 PAGE_SECONDS = 30.0  # CPU seconds one page's recognition may use
@@ -153,8 +155,8 @@ def open_header(stream: BinaryIO) -> Any:
     from PIL import Image
 
     # Pillow's own check would refuse in `open` without the size; ours, after it, says it.
-    Image.MAX_IMAGE_PIXELS = None
-    return Image.open(stream)
+    with pillow_pixel_limit(None):
+        return Image.open(stream)
 
 
 # NewSubfileType bits of a TIFF directory that mark it as no page of its own: a

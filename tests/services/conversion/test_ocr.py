@@ -321,3 +321,16 @@ def test_a_giant_image_among_text_pages_is_named_in_its_marker(docs: Path) -> No
         f"{ocr.MAX_DECODE_PIXELS:,} pixels",
         "",
     )
+
+
+def test_reading_an_images_header_leaves_pillows_own_limit_as_it_was(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """OCR lifts Pillow's bomb limit only while it reads a header (it checks the size
+    itself, and names it): the rest of the process keeps its own limit."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 123_456_789)
+    bomb = make_png_bomb(tmp_path / "bomb.png")
+    with bomb.open("rb") as stream:
+        image = ocr.open_header(stream)
+    assert image.size == (50_000, 50_000)  # read past Pillow's limit, to name the size
+    assert Image.MAX_IMAGE_PIXELS == 123_456_789
