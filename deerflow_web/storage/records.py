@@ -698,6 +698,19 @@ class DatabaseUploadRecords:
     ) -> bool:
         """End a job `owner` holds with a final state; False if it holds it no longer (the
         record is gone or was replaced, or another process claimed the job meanwhile)."""
+        return self._end_held(
+            scope, filename, owner, conversion_state=state.value, conversion_error=error
+        )
+
+    def release_conversion(self, scope: str, filename: str, owner: str) -> bool:
+        """Hand an active job `owner` holds back as `queued`, with no holder and no lease,
+        so any worker claims it at once; its place in the queue is kept. False if `owner`
+        holds it no longer."""
+        return self._end_held(scope, filename, owner, conversion_state=ConversionState.QUEUED.value)
+
+    def _end_held(self, scope: str, filename: str, owner: str, **values: object) -> bool:
+        """Write `values` into an active job `owner` holds, and let go of it (no holder, no
+        lease); False if `owner` holds it no longer."""
         with self._write() as db:
             _bump_version(db, scope)  # the same lock order as every writer
             result = db.execute(
@@ -708,34 +721,7 @@ class DatabaseUploadRecords:
                     uploads.c.conversion_owner == owner,
                     uploads.c.conversion_state.in_(_ACTIVE),
                 )
-                .values(
-                    conversion_state=state.value,
-                    conversion_error=error,
-                    conversion_owner=None,
-                    conversion_lease_until=None,
-                )
-            )
-            return result.rowcount > 0
-
-    def release_conversion(self, scope: str, filename: str, owner: str) -> bool:
-        """Hand an active job `owner` holds back as `queued`, with no holder and no lease,
-        so any worker claims it at once; its place in the queue is kept. False if `owner`
-        holds it no longer."""
-        with self._write() as db:
-            _bump_version(db, scope)  # the state is part of the records, as in every writer
-            result = db.execute(
-                update(uploads)
-                .where(
-                    uploads.c.scope == scope,
-                    uploads.c.filename == filename,
-                    uploads.c.conversion_owner == owner,
-                    uploads.c.conversion_state.in_(_ACTIVE),
-                )
-                .values(
-                    conversion_state=ConversionState.QUEUED.value,
-                    conversion_owner=None,
-                    conversion_lease_until=None,
-                )
+                .values(conversion_owner=None, conversion_lease_until=None, **values)
             )
             return result.rowcount > 0
 

@@ -49,6 +49,20 @@ def raw_request(
         return b"".join(iter(lambda: sock.recv(65536), b""))
 
 
+def deployment_environment(
+    base_dir: Path, config: Path | None, database_url: str | None, extra: dict[str, str]
+) -> dict[str, str]:
+    """The variables a deployment sets for the app's processes (web or worker): the data
+    dir, the config file and the database URL (None: the data dir's SQLite database)."""
+    env = {**os.environ, "DEER_FLOW_HOME": str(base_dir), **extra}
+    if config is not None:
+        env["DEER_FLOW_CONFIG_PATH"] = str(config)
+    env.pop("DATABASE_URL", None)
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    return env
+
+
 @dataclass
 class LiveServer:
     """One gunicorn server (an "instance") on `port`; `start()` again after `kill()`/`stop()`."""
@@ -95,15 +109,10 @@ class LiveServer:
         ]
 
     def environment(self) -> dict[str, str]:
-        env = {**os.environ, "DEER_FLOW_HOME": str(self.base_dir), **self.env}
+        env = deployment_environment(self.base_dir, self.config, self.database_url, self.env)
         env["DEER_FLOW_BIND_HOST"] = "127.0.0.1"
         if self.single_user:
             env["DEER_FLOW_AUTH_DISABLED"] = "1"
-        if self.config is not None:
-            env["DEER_FLOW_CONFIG_PATH"] = str(self.config)
-        env.pop("DATABASE_URL", None)  # None: the default SQLite database in the data dir
-        if self.database_url is not None:
-            env["DATABASE_URL"] = self.database_url
         return env
 
     def start(self) -> LiveServer:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
+from tests.support.live_server import deployment_environment
+
 ROOT = Path(__file__).resolve().parents[2]
 START_SECONDS = 60.0
 STARTED = "worker started"
@@ -41,13 +43,7 @@ class LiveWorker:
         return self.process.pid
 
     def environment(self) -> dict[str, str]:
-        env = {**os.environ, "DEER_FLOW_HOME": str(self.base_dir), **self.env}
-        if self.config is not None:
-            env["DEER_FLOW_CONFIG_PATH"] = str(self.config)
-        env.pop("DATABASE_URL", None)  # None: the default SQLite database in the data dir
-        if self.database_url is not None:
-            env["DATABASE_URL"] = self.database_url
-        return env
+        return deployment_environment(self.base_dir, self.config, self.database_url, self.env)
 
     def start(self) -> LiveWorker:
         """Start the worker; return once it logged its start line (fails after a minute)."""
