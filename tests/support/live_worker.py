@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
+from deerflow_web.services.conversion.runner import process_start_time
 from tests.support.live_server import deployment_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,3 +95,18 @@ class LiveWorker:
         if not self.log.exists():
             return ""
         return ":\n" + "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def converters_in(temp: Path) -> dict[int, Path]:
+    """Live processes working in a folder under `temp` (conversion workers): pid -> folder."""
+    found: dict[int, Path] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        if cwd.parent == temp and process_start_time(int(entry.name)) is not None:
+            found[int(entry.name)] = cwd
+    return found

@@ -40,6 +40,7 @@ from tests.support.documents import make_pptx
 from tests.support.documents import make_spinning_pdf
 from tests.support.documents import make_xlsx
 from tests.support.live_server import LiveServer
+from tests.support.live_worker import converters_in
 
 # Real processes, signed in: the mode changes only the gate, which tests/web covers in
 # both modes; the single-user pass skips this module.
@@ -405,21 +406,6 @@ def test_a_job_orphaned_by_a_killed_instance_is_claimed_again_and_finishes(
 
 
 # --- a killed instance leaves no converter running and no work folder behind --------------
-
-
-def converters_in(temp: Path) -> dict[int, Path]:
-    """Live processes working in a folder under `temp` (conversion workers): pid -> folder."""
-    found: dict[int, Path] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = Path(os.readlink(entry / "cwd"))
-        except OSError:
-            continue
-        if cwd.parent == temp and process_start_time(int(entry.name)) is not None:
-            found[int(entry.name)] = cwd
-    return found
 
 
 def test_a_killed_instance_takes_its_converter_along_and_its_folder_is_swept(

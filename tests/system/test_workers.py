@@ -28,7 +28,7 @@ from tests.helpers import wait_until
 from tests.support.documents import make_docx
 from tests.support.live_server import LiveServer
 from tests.support.live_worker import LiveWorker
-from tests.system.test_instances import converters_in
+from tests.support.live_worker import converters_in
 
 # Real processes, signed in with the test user's token: the mode changes only the gate,
 # which tests/web covers in both modes; the single-user pass skips this module.
@@ -158,21 +158,37 @@ def test_with_no_worker_the_job_waits_queued_for_one(deployment: Deployment, tmp
         assert worker.stop() == 0
 
 
+def stalled_worker(deployment: Deployment, tmp_path: Path) -> tuple[LiveWorker, Path]:
+    """A started worker whose converter never finishes, and its TMPDIR, where that
+    converter works."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    worker = deployment.worker(
+        "stalled", app="tests.support.stalled_converter_app", env={"TMPDIR": str(temp)}
+    )
+    return worker.start(), temp
+
+
+def stalled_conversion(
+    deployment: Deployment, tmp_path: Path, temp: Path, stem: str, title: str
+) -> int:
+    """Upload `{stem}.docx` and ask to convert it; once the stalled worker's converter is
+    running it, return that converter's pid."""
+    docx = make_docx(tmp_path / f"{stem}.docx", title=title)
+    deployment.upload(f"{stem}.docx", docx.read_bytes())
+    assert deployment.convert(f"{stem}.docx").status_code == 202
+    wait_until(lambda: deployment.state(f"{stem}.docx") == "converting", timeout=60)
+    [converter] = wait_until(lambda: list(converters_in(temp)), timeout=60)
+    return converter
+
+
 def test_a_worker_killed_mid_conversion_leaves_the_job_to_another(
     deployment: Deployment, tmp_path: Path
 ) -> None:
-    temp = tmp_path / "tmp"  # the stalled worker's TMPDIR, where its converter works
-    temp.mkdir()
-    stalled = deployment.worker(
-        "stalled", app="tests.support.stalled_converter_app", env={"TMPDIR": str(temp)}
-    ).start()
+    stalled, temp = stalled_worker(deployment, tmp_path)
     second = deployment.worker("second")
     try:
-        docx = make_docx(tmp_path / "cut.docx", title="Cut Report")
-        deployment.upload("cut.docx", docx.read_bytes())
-        assert deployment.convert("cut.docx").status_code == 202
-        wait_until(lambda: deployment.state("cut.docx") == "converting", timeout=60)
-        [converter] = wait_until(lambda: list(converters_in(temp)), timeout=60)
+        converter = stalled_conversion(deployment, tmp_path, temp, "cut", "Cut Report")
         # Running already, as on another machine: it takes the job only once the lease of
         # the killed worker has run out (a worker starting on the same host would take a
         # dead local process's job at once).
@@ -193,17 +209,10 @@ def test_a_worker_stopped_mid_conversion_releases_the_job(
 ) -> None:
     """SIGTERM while a conversion runs past the stop grace: the worker exits 0, its
     converter goes with it, and the job is released, so another worker takes it at once."""
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    stalled = deployment.worker(
-        "stalled", app="tests.support.stalled_converter_app", env={"TMPDIR": str(temp)}
-    ).start()
+    stalled, temp = stalled_worker(deployment, tmp_path)
     second = deployment.worker("second")
     try:
-        docx = make_docx(tmp_path / "held.docx", title="Held Report")
-        deployment.upload("held.docx", docx.read_bytes())
-        assert deployment.convert("held.docx").status_code == 202
-        [converter] = wait_until(lambda: list(converters_in(temp)), timeout=60)
+        converter = stalled_conversion(deployment, tmp_path, temp, "held", "Held Report")
         assert stalled.stop() == 0  # after `jobs.stop_grace_seconds`
         wait_until(lambda: process_start_time(converter) is None, timeout=10)
         assert deployment.state("held.docx") == "queued"  # handed back, not failed
