@@ -1,10 +1,12 @@
 """Two instances behave as one server (SPEC 9): real processes, one data dir, one database.
 
-Each test starts two `make run`-style gunicorn servers (two gevent workers each) on two
-ports over the same data dir and the same database, as two machines behind a load balancer
-would run over a shared volume, and plays concurrent clients against both. Afterwards the
-records must match the bytes on disk exactly: every listed file exists with the listed size
-and sha256, and no file on disk is missing from the list.
+Two `make run`-style gunicorn servers (two gevent workers each) run on two ports over the
+same data dir and the same database, as two machines behind a load balancer would run over
+a shared volume; each test plays concurrent clients against both, in threads of its own.
+The pair starts once per database and serves the module's tests in turn; a test that kills
+an instance leaves it to be started again (as a supervisor would) before the next test.
+Afterwards the records must match the bytes on disk exactly: every listed file exists with
+the listed size and sha256, and no file on disk is missing from the list.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import random
 import socket
 import time
 from collections.abc import Iterator
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlencode
@@ -41,6 +44,7 @@ from tests.support.documents import make_spinning_pdf
 from tests.support.documents import make_xlsx
 from tests.support.live_server import LiveServer
 from tests.support.live_worker import converters_in
+from tests.support.postgres import PostgresServer
 
 # Real processes, signed in: the mode changes only the gate, which tests/web covers in
 # both modes; the single-user pass skips this module.
@@ -54,21 +58,38 @@ MIB = 1024 * 1024
 RECLAIM_SECONDS = 90.0
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def instance_database_url(request: pytest.FixtureRequest) -> str | None:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def instance_database_url(
+    request: pytest.FixtureRequest, postgres: PostgresServer
+) -> Iterator[str | None]:
     """The database both instances share: the default SQLite file in the data dir (one
     machine), or a fresh database on the suite's PostgreSQL server."""
     if request.param == "sqlite":
-        return None
-    return request.getfixturevalue("postgres_url")
+        yield None
+        return
+    url = postgres.create_database()
+    try:
+        yield url
+    finally:
+        postgres.drop_database(url)
 
 
-@pytest.fixture
-def instances(
-    base_dir: Path, tmp_path: Path, instance_database_url: str | None
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, instance_database_url: str | None) -> Path:
+    """The data dir both instances serve, one per database: the tests that share it each
+    use threads of their own, and check only those."""
+    path = tmp_path_factory.mktemp("instances") / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def running_instances(
+    shared_dir: Path, instance_database_url: str | None
 ) -> Iterator[tuple[LiveServer, LiveServer]]:
-    """Instances A and B, started at the same moment (their start-ups must not race)."""
-    config = tmp_path / "config.yaml"
+    """Instances A and B, started at the same moment (their start-ups must not race), once
+    per database for the tests of this module that take `instances`."""
+    config = shared_dir.parent / "config.yaml"
     config.write_text(
         yaml.safe_dump(
             {
@@ -78,24 +99,52 @@ def instances(
             }
         )
     )
-    provision_server_user(base_dir, database_url=instance_database_url)
+    provision_server_user(shared_dir, database_url=instance_database_url)
     servers = tuple(
         LiveServer(
-            base_dir,
+            shared_dir,
             config=config,
             database_url=instance_database_url,
             workers=2,
-            log=tmp_path / f"instance-{name}.log",
+            log=shared_dir.parent / f"instance-{name}.log",
         )
         for name in "ab"
     )
     try:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(LiveServer.start, servers))
+        start_together(servers)
         yield servers  # type: ignore[misc]
     finally:
-        for server in servers:
-            server.kill()
+        kill_together(servers)
+
+
+@pytest.fixture
+def instances(
+    running_instances: tuple[LiveServer, LiveServer],
+) -> tuple[LiveServer, LiveServer]:
+    """Both instances up: one an earlier test killed (and left down) is started again."""
+    start_together([server for server in running_instances if server.process is None])
+    return running_instances
+
+
+@pytest.fixture
+def base_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The instances' data dir for a test that takes `instances`; else a fresh one."""
+    if "instances" in request.fixturenames:
+        return request.getfixturevalue("shared_dir")
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+def start_together(servers: Sequence[LiveServer]) -> None:
+    if servers:
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(LiveServer.start, servers))
+
+
+def kill_together(servers: Sequence[LiveServer]) -> None:
+    with ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(LiveServer.kill, servers))
 
 
 # --- clients -----------------------------------------------------------------------------
@@ -349,21 +398,21 @@ def test_an_instance_killed_mid_upload(instances, base_dir: Path) -> None:
 
 
 def start_a_long_conversion(
-    a: LiveServer, b: LiveServer, tmp_path: Path, name: str = "long.pdf"
+    a: LiveServer, b: LiveServer, tmp_path: Path, thread_id: str, name: str = "long.pdf"
 ) -> None:
     """Upload a PDF of many pages through A and start its conversion there; return once
     B sees it converting."""
     document = make_pdf(tmp_path / name, lines=["Orphaned report"], filler_pages=20)
-    assert upload(a, "J", name, document.read_bytes()).status_code == 200
-    assert convert(a, "J", name).status_code == 202
-    wait_until(lambda: listing(b, "J")[name]["conversion_state"] == "converting")
+    assert upload(a, thread_id, name, document.read_bytes()).status_code == 200
+    assert convert(a, thread_id, name).status_code == 202
+    wait_until(lambda: listing(b, thread_id)[name]["conversion_state"] == "converting")
 
 
 def test_an_instance_killed_mid_conversion(instances, base_dir: Path, tmp_path: Path) -> None:
     """A dies while converting: B keeps answering, no half-written companion is listed or
     on disk, and converting the file again through B finishes it."""
     a, b = instances
-    start_a_long_conversion(a, b, tmp_path)
+    start_a_long_conversion(a, b, tmp_path, "J")
     a.kill()
     files = listing(b, "J")
     assert sorted(files) == ["long.pdf"]
@@ -393,16 +442,16 @@ def test_a_job_orphaned_by_a_killed_instance_is_claimed_again_and_finishes(
 ) -> None:
     """Nobody asks again: the surviving instance claims the job once its lease runs out."""
     a, b = instances
-    start_a_long_conversion(a, b, tmp_path)
+    start_a_long_conversion(a, b, tmp_path, "O")
     a.kill()
 
     def converted() -> bool:
-        return listing(b, "J")["long.pdf"]["conversion_state"] == "done"
+        return listing(b, "O")["long.pdf"]["conversion_state"] == "done"
 
     wait_until(converted, timeout=RECLAIM_SECONDS, interval=0.5)
-    files = assert_consistent(b, base_dir, "J")
+    files = assert_consistent(b, base_dir, "O")
     assert sorted(files) == ["long.md", "long.pdf"]
-    assert "Orphaned report" in artifact(b, "J", "long.md").text
+    assert "Orphaned report" in artifact(b, "O", "long.md").text
 
 
 # --- a killed instance leaves no converter running and no work folder behind --------------
