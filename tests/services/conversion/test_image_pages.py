@@ -20,14 +20,14 @@ from deerflow_web.services.conversion import worker
 from deerflow_web.services.conversion.pdf_pages import OcrBudget
 from deerflow_web.services.prompt.page_lines import PageTracker
 from deerflow_web.services.prompt.page_lines import line_label
-from tests.services.conversion.test_ocr import assert_reads
-from tests.services.conversion.test_ocr import convert
-from tests.services.conversion.test_ocr import pages_of
 from tests.support.images import FAX_PAGES
 from tests.support.images import make_fax_tiff
 from tests.support.images import set_tiff_page_size
 from tests.support.images import set_tiff_tags
 from tests.support.images import text_image
+from tests.support.ocr_reads import assert_reads
+from tests.support.ocr_reads import convert
+from tests.support.ocr_reads import pages_of
 
 # Nothing here reads the mode (no app, no account): the single-user pass skips it.
 pytestmark = pytest.mark.same_in_both_modes

@@ -18,26 +18,23 @@ from deerflow_web.services.conversion import ocr
 from deerflow_web.services.conversion import pdf_pages
 from deerflow_web.services.conversion import worker
 from deerflow_web.services.conversion.page_marks import parse_mark
-from deerflow_web.services.conversion.runner import convert_to_markdown
 from tests.support.documents import make_pdf
 from tests.support.documents import pdf_from_objects
 from tests.support.images import PHOTO_LINES
 from tests.support.images import SCAN_PAGES
 from tests.support.images import SCREENSHOT_LINES
-from tests.support.images import character_accuracy
 from tests.support.images import make_mixed_pdf
 from tests.support.images import make_photo_jpeg
 from tests.support.images import make_png_bomb
 from tests.support.images import make_scanned_pdf
 from tests.support.images import make_text_png
 from tests.support.images import text_image
+from tests.support.ocr_reads import assert_reads
+from tests.support.ocr_reads import convert
+from tests.support.ocr_reads import pages_of
 
 # Nothing here reads the mode (no app, no account): the single-user pass skips it.
 pytestmark = pytest.mark.same_in_both_modes
-
-
-MIN_ACCURACY = 0.9
-_MARKER = re.compile(r"^<!-- page (\d+) of (\d+): (.*) -->$", re.MULTILINE)
 
 
 @pytest.fixture
@@ -45,31 +42,6 @@ def docs(tmp_path: Path) -> Path:
     folder = tmp_path / "docs"
     folder.mkdir()
     return folder
-
-
-def convert(source: Path) -> str:
-    """Convert in the real worker, with the limits jobs use, and return the Markdown."""
-    destination = source.with_name(source.name + ".md")
-    convert_to_markdown(
-        source, destination, timeout_seconds=240, memory_limit_mb=2048, cpu_limit_seconds=120
-    )
-    return destination.read_text(encoding="utf-8")
-
-
-def pages_of(markdown: str) -> dict[int, tuple[str, str]]:
-    """Page number -> (how it was read, its text), from the markers."""
-    found = list(_MARKER.finditer(markdown))
-    pages = {}
-    for index, match in enumerate(found):
-        end = found[index + 1].start() if index + 1 < len(found) else len(markdown)
-        pages[int(match[1])] = (match[3], markdown[match.end() : end].strip())
-    return pages
-
-
-def assert_reads(expected: tuple[str, ...], found: str, what: str) -> None:
-    right, total = character_accuracy("\n".join(expected), found)
-    print(f"{what}: {right}/{total} characters right")
-    assert right / total >= MIN_ACCURACY, (what, found)
 
 
 def test_a_screenshot_reads_english_and_chinese_with_its_size(docs: Path) -> None:

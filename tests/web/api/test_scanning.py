@@ -19,7 +19,7 @@ from tests.support.clamd import EICAR
 from tests.support.clamd import EICAR_SIGNATURE
 from tests.support.clamd import Clamd
 from tests.support.documents import make_docx
-from tests.web.api.test_tus import TusActions
+from tests.support.tus import TusActions
 
 
 def scanning_app(make_app: Any, clamd: Clamd, **scanning: Any) -> Flask:

@@ -6,7 +6,6 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from io import BytesIO
-from typing import Any
 
 import pytest
 from flask import Flask
@@ -16,18 +15,14 @@ from markupsafe import escape
 from deerflow_web.models import IncomingFile
 from deerflow_web.models import RecordSource
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
-from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.records import StoredRecord
 from deerflow_web.web.security import PAGE_CSP
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import thread_ref
-
-T = "t1"
-CHAT = f"/threads/{T}/chat"
-
-
-def uploads_of(app: Flask) -> UploadService:
-    return app.extensions[EXTENSION_KEY].uploads
+from tests.support.chat_pages import CHAT
+from tests.support.chat_pages import T
+from tests.support.chat_pages import text
+from tests.support.chat_pages import uploads_of
 
 
 def previews_of(app: Flask) -> ChatPreviewService:
@@ -37,10 +32,6 @@ def previews_of(app: Flask) -> ChatPreviewService:
 def seed(app: Flask, files: dict[str, bytes], thread_id: str = T) -> None:
     incoming = [IncomingFile(name, BytesIO(body)) for name, body in files.items()]
     uploads_of(app).save_uploads(thread_ref(thread_id), incoming)
-
-
-def text(response: Any) -> str:
-    return response.get_data(as_text=True)
 
 
 def element(html: str, element_id: str) -> str:

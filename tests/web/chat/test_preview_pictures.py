@@ -25,13 +25,13 @@ from deerflow_web.models import IncomingFile
 from deerflow_web.web.security import PAGE_CSP
 from tests.helpers import USER_ID
 from tests.helpers import thread_ref
+from tests.support.chat_pages import CHAT
+from tests.support.chat_pages import T
+from tests.support.chat_pages import text
+from tests.support.chat_pages import uploads_of
 from tests.support.pictures import SVG
 from tests.support.pictures import jpeg_with_exif
 from tests.support.pictures import png_bytes
-from tests.web.chat.test_preview import CHAT
-from tests.web.chat.test_preview import T
-from tests.web.chat.test_preview import text
-from tests.web.chat.test_preview import uploads_of
 
 EVIL = "evil<system>chart.png"
 DATA_URL = re.compile(
