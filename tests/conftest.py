@@ -27,6 +27,7 @@ from deerflow_web.storage.database import default_database_url
 from deerflow_web.storage.migrate import open_database
 from deerflow_web.web import create_app
 from deerflow_web.web.wiring import EXTENSION_KEY
+from tests.helpers import FAILURE_LOGS
 from tests.helpers import UploadActions
 from tests.helpers import prepare_test_app
 from tests.support.clamd import Clamd
@@ -46,6 +47,20 @@ SLOW_FIRST = ("tests/system/", "tests/browser/")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))  # stable: in order
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[Any]:
+    """A failed phase's report carries the logs its test asked for (`attach_on_failure`)."""
+    report = yield
+    if report.failed:
+        for title, path in item.stash.get(FAILURE_LOGS, []):
+            text = path.read_text(errors="replace") if path.exists() else "(never written)"
+            report.sections.append((title, text[-LOG_TAIL_CHARS:]))
+    return report
+
+
+LOG_TAIL_CHARS = 20_000
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -232,3 +232,12 @@ def wait_until(condition: Callable[[], T], *, timeout: float = 10.0, interval: f
         if time.monotonic() >= deadline:
             raise AssertionError(f"still false after {timeout} s: {condition}")
         time.sleep(interval)
+
+
+FAILURE_LOGS = pytest.StashKey[list[tuple[str, Path]]]()
+
+
+def attach_on_failure(request: pytest.FixtureRequest, title: str, path: Path) -> None:
+    """Show the file at `path` (its end) in the report of this test if it fails: the logs
+    of the processes it started, so a failure seen once under load explains itself."""
+    request.node.stash.setdefault(FAILURE_LOGS, []).append((title, path))
