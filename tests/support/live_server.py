@@ -37,6 +37,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listening_sockets(port: int) -> set[str] | None:
+    """The inodes of the sockets listening on TCP `port` (None: no /proc to read)."""
+    found: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                found.add(inode)
+    return found if readable else None
+
+
 def raw_request(
     port: int, method: str, path: str, head: str = "", body: bytes = b"", timeout: float = 10
 ) -> bytes:
@@ -133,7 +151,7 @@ class LiveServer:
             if output is not subprocess.DEVNULL:
                 output.close()
         deadline = time.monotonic() + START_SECONDS
-        while not self.answers():
+        while not (self.answers() and self.holds_its_port()):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 raise AssertionError(f"the server on :{self.port} did not start{self.log_tail()}")
@@ -146,6 +164,29 @@ class LiveServer:
             return raw_request(self.port, "GET", "/healthz", timeout=5).startswith(b"HTTP/1.1 200")
         except OSError:
             return False
+
+    def holds_its_port(self) -> bool:
+        """Whether the listening socket on `port` is this server's own (its arbiter's).
+
+        `port` was free when it was chosen, not when gunicorn binds it: another test's
+        server may take it meanwhile, and then answers `/healthz` there while this one
+        still retries its bind. Read from /proc; where there is none, assume so."""
+        assert self.process is not None
+        listening = listening_sockets(self.port)
+        if listening is None:
+            return True
+        try:
+            descriptors = list(Path(f"/proc/{self.process.pid}/fd").iterdir())
+        except OSError:
+            return False
+        for descriptor in descriptors:
+            try:
+                target = os.readlink(descriptor)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[len("socket:[") : -1] in listening:
+                return True
+        return False
 
     def kill(self) -> None:
         """SIGKILL the arbiter and every worker at once, as a crash or an OOM kill would."""

@@ -2,7 +2,8 @@
 
 `run_nginx(prefix, site, port)` writes a main config that includes `site` (a file for
 nginx's `http` block), starts nginx in the foreground as a child process, waits until it
-listens on `port`, and stops it afterwards. Everything it writes stays under `prefix`.
+listens on `port` (its pid file written: its own sockets are bound), and stops it
+afterwards. Everything it writes stays under `prefix`.
 """
 
 from __future__ import annotations
@@ -51,7 +52,16 @@ def run_nginx(prefix: Path, site: Path, port: int) -> Iterator[None]:
     try:
 
         def listening() -> bool:
+            """nginx writes its pid file only once it holds its listening sockets: before
+            that, whatever answers on `port` is another process's (a port handed out
+            again meanwhile), and nginx itself may still be retrying its bind."""
             assert nginx.poll() is None, (prefix / "stderr.log").read_text()
+            try:
+                written = (prefix / "nginx.pid").read_text().strip()
+            except FileNotFoundError:
+                return False
+            if written != str(nginx.pid):
+                return False
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 return True
