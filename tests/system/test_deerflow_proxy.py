@@ -11,6 +11,7 @@ and `X-CSRF-Token` copied from the `csrf_token` cookie.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ import requests
 from tests.helpers import AUTH_ON
 from tests.helpers import TEST_EMAIL
 from tests.helpers import TEST_PASSWORD
+from tests.helpers import attach_on_failure
 from tests.helpers import provision_server_user
 from tests.helpers import uploads_dir
 from tests.helpers import user_data_dir
@@ -79,19 +81,54 @@ class Browser:
         return self.http.request(method, self.url + path, headers=headers, timeout=60, **kwargs)
 
 
-@pytest.fixture
-def browser(base_dir: Path, tmp_path: Path) -> Iterator[Browser]:
+@dataclass
+class Proxied:
+    """The app's server behind DeerFlow's nginx, and the logs both write."""
+
+    url: str
+    base_dir: Path
+    logs: dict[str, Path]
+
+
+@pytest.fixture(scope="module")
+def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
+    """One server behind one nginx for the module: each test signs in afresh and uses
+    threads of its own."""
     if NGINX is None:
         pytest.skip("nginx is not installed (`make test` installs it)")
+    root = tmp_path_factory.mktemp("proxied")
+    base_dir = root / "data"
+    base_dir.mkdir()
     provision_server_user(base_dir)
-    server = LiveServer(base_dir)  # no config file: the defaults are enough
+    log = root / "server.log"
+    server = LiveServer(base_dir, log=log)  # no config file: the defaults are enough
     port = free_port()
-    prefix = tmp_path / "nginx"
+    while port == server.port:  # both were free, neither is bound yet
+        port = free_port()
+    prefix = root / "nginx"
     prefix.mkdir()
+    logs = {"server log": log}
+    logs |= {f"nginx {name}": prefix / name for name in ("stderr.log", "error.log", "access.log")}
     site = prefix / "deerflow.conf"
     site.write_text(deerflow_site(port, server.port))
-    with server, run_nginx(prefix, site, port), requests.Session() as http:
-        browser = Browser(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}", http)
+    with server, run_nginx(prefix, site, port):
+        yield Proxied(f"http://127.0.0.1:{port}", base_dir, logs)
+
+
+@pytest.fixture
+def base_dir(proxied: Proxied) -> Path:
+    """The proxied server's data dir."""
+    return proxied.base_dir
+
+
+@pytest.fixture
+def browser(request: pytest.FixtureRequest, proxied: Proxied) -> Iterator[Browser]:
+    """A fresh client through nginx, signed in when accounts are on; a failing test shows
+    both processes' logs."""
+    for title, path in proxied.logs.items():
+        attach_on_failure(request, title, path)
+    with requests.Session() as http:
+        browser = Browser(proxied.url, proxied.url, http)
         if AUTH_ON:
             login = browser.send(
                 "POST",
@@ -178,17 +215,19 @@ def test_other_origins_are_still_refused_through_it(
     browser: Browser, base_dir: Path, origin: str
 ) -> None:
     origin = origin.format(port=browser.url.rsplit(":", 1)[1])
-    seeded = browser.send("POST", "/api/threads/Q/uploads", files={"files": ("a.txt", b"a")})
+    thread = f"Q-{uuid.uuid4().hex[:12]}"  # each origin's own: the server is the module's
+    uploads = f"/api/threads/{thread}/uploads"
+    seeded = browser.send("POST", uploads, files={"files": ("a.txt", b"a")})
     assert seeded.status_code == 200, seeded.text
     attempts = [
-        browser.send("POST", "/api/threads/Q/uploads", origin, files={"files": ("b.txt", b"b")}),
-        browser.send("POST", "/api/threads/Q/uploads/a.txt/rename", origin, json={"new_name": "c"}),
-        browser.send("DELETE", "/api/threads/Q/uploads/a.txt", origin),
+        browser.send("POST", uploads, origin, files={"files": ("b.txt", b"b")}),
+        browser.send("POST", f"{uploads}/a.txt/rename", origin, json={"new_name": "c"}),
+        browser.send("DELETE", f"{uploads}/a.txt", origin),
     ]
     for answer in attempts:
         assert answer.status_code == 403, answer.text
         assert "Cross-site" in answer.json()["detail"]
-    assert [p.name for p in uploads_dir(base_dir, "Q").iterdir()] == ["a.txt"]
+    assert [p.name for p in uploads_dir(base_dir, thread).iterdir()] == ["a.txt"]
 
 
 def test_a_rebinding_host_is_still_refused_through_it(browser: Browser, base_dir: Path) -> None:
