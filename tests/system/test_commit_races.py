@@ -2,10 +2,11 @@
 
 Real processes and real races: two HTTP clients, released together by a barrier, send
 8 MB each under the same name to one thread, against one gunicorn server with two workers
-(SQLite) and against two instances over one PostgreSQL database. Whichever client commits
-second must meet the rule it asked for as the folder is then: `rename` gets its own name,
-`reject` a 409 that leaves the first file whole, `replace` wins with a record of its own
-bytes. Every trial checks every stored file's sha256 against what was sent, and that each
+(SQLite) and against two instances over one PostgreSQL database; each setup starts once
+and serves the module's races in turn, each trial in a thread of its own. Whichever client
+commits second must meet the rule it asked for as the folder is then: `rename` gets its own
+name, `reject` a 409 that leaves the first file whole, `replace` wins with a record of its
+own bytes. Every trial checks every stored file's sha256 against what was sent, and that each
 200 answer names a file holding that very client's bytes: no bytes lost, no answer untrue.
 """
 
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
@@ -45,14 +47,15 @@ PENDING_CAP = 3
 TRIALS = int(os.environ.get("COMMIT_RACE_TRIALS", "10"))
 
 
-@pytest.fixture(params=["gunicorn-2-workers", "two-instances-postgresql"])
-def servers(request: pytest.FixtureRequest, base_dir: Path, tmp_path: Path) -> Iterator[tuple]:
-    """The two URLs the two clients use: one server's twice, or one per instance."""
-    database_url = None
-    if request.param == "two-instances-postgresql":
-        database_url = request.getfixturevalue("postgres_url")
+SETUPS = ["gunicorn-2-workers", "two-instances-postgresql"]
+
+
+@contextmanager
+def serving(base_dir: Path, database_url: str | None) -> Iterator[tuple]:
+    """The two URLs the two clients use: one server's twice (SQLite), or one per instance
+    (`database_url`, PostgreSQL)."""
     provision_server_user(base_dir, database_url=database_url)
-    config = tmp_path / "config.yaml"
+    config = base_dir.parent / "config.yaml"
     config.write_text(yaml.safe_dump({"uploads": {"resumable_max_pending": PENDING_CAP}}))
     count = 1 if database_url is None else 2
     started = [
@@ -61,7 +64,7 @@ def servers(request: pytest.FixtureRequest, base_dir: Path, tmp_path: Path) -> I
             config=config,
             database_url=database_url,
             workers=2,
-            log=tmp_path / f"s{n}.log",
+            log=base_dir.parent / f"s{n}.log",
         )
         for n in range(count)
     ]
@@ -70,8 +73,54 @@ def servers(request: pytest.FixtureRequest, base_dir: Path, tmp_path: Path) -> I
             list(pool.map(LiveServer.start, started))
         yield (started[0], started[-1])
     finally:
-        for server in started:
-            server.kill()
+        with ThreadPoolExecutor(count) as pool:
+            list(pool.map(LiveServer.kill, started))
+
+
+@pytest.fixture(scope="module", params=SETUPS)
+def shared_servers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[tuple, Path]]:
+    """The servers and their data dir, started once per setup for the races below: each
+    trial of each test writes a thread of its own, and checks only that thread."""
+    base_dir = tmp_path_factory.mktemp("races") / "data"
+    base_dir.mkdir()
+    if request.param == "gunicorn-2-workers":
+        with serving(base_dir, None) as servers:
+            yield servers, base_dir
+        return
+    postgres = request.getfixturevalue("postgres")
+    url = postgres.create_database()
+    try:
+        with serving(base_dir, url) as servers:
+            yield servers, base_dir
+    finally:
+        postgres.drop_database(url)
+
+
+@pytest.fixture
+def servers(shared_servers: tuple[tuple, Path]) -> tuple:
+    return shared_servers[0]
+
+
+@pytest.fixture
+def base_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The shared servers' data dir for a test that takes `servers`; else a fresh one."""
+    if "servers" in request.fixturenames:
+        return request.getfixturevalue("shared_servers")[1]
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(params=SETUPS)
+def fresh_servers(request: pytest.FixtureRequest, base_dir: Path) -> Iterator[tuple]:
+    """Servers of this test's own, for a test that counts what the whole user has pending."""
+    database_url = None
+    if request.param == "two-instances-postgresql":
+        database_url = request.getfixturevalue("postgres_url")
+    with serving(base_dir, database_url) as servers:
+        yield servers
 
 
 def sha(data: bytes) -> str:
@@ -254,8 +303,11 @@ def test_two_resumable_uploads_finishing_together(
             assert on_disk == {"x.bin": sha(winner)}, trial
 
 
-def test_the_pending_uploads_cap_holds_across_processes(servers: tuple, base_dir: Path) -> None:
+def test_the_pending_uploads_cap_holds_across_processes(
+    fresh_servers: tuple, base_dir: Path
+) -> None:
     """Creations racing on every worker (and instance) cannot all slip under the cap."""
+    servers = fresh_servers
     metadata = "filename " + base64.b64encode(b"x.bin").decode()
 
     def create(server: LiveServer) -> Any:
