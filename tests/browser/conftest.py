@@ -6,14 +6,16 @@ console errors and dialogs; a page that logged an error fails its test. Screensh
 to the run's temporary folder and their paths are listed at the end of the run.
 
 The file-manager tests run in both modes of SPEC 7.1 through the `mode` parameter of the
-`live` server: accounts on (the default), where every page first signs in through the
-real login page, and single-user. Both run in the first pass of `make test`; with
+`live` server: accounts on (the default), where every page starts signed in, with the
+cookies a sign-in through the real login page leaves (test_browser_accounts.py signs in
+through that page itself), and single-user. Both run in the first pass of `make test`; with
 `DEER_FLOW_AUTH_DISABLED=1` (which forces accounts off) the accounts runs are skipped.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +38,7 @@ from tests.browser.helpers import BrowserAccount
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.browser.helpers import create_account
-from tests.browser.helpers import sign_in
+from tests.browser.helpers import session_cookies
 from tests.browser.helpers import skip_unless_accounts_can_run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -94,6 +96,11 @@ def mode(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+# How often the server's loop looks whether it should stop: `shutdown()` waits for that
+# look, half a second on average at the standard library's default, at every test's end.
+SHUTDOWN_POLL = 0.02
+
+
 @pytest.fixture
 def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
     """Start the app (CSRF on, as in production) on a free loopback port."""
@@ -123,7 +130,9 @@ def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
         if chosen is not None:
             create_account(app, chosen)
         server = make_server("127.0.0.1", 0, app, threaded=True)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL}, daemon=True
+        )
         thread.start()
         servers.append((server, thread))
         return LiveServer(app, f"http://127.0.0.1:{server.server_port}", chosen)
@@ -160,7 +169,23 @@ def _watch(context: BrowserContext, screenshot_dir: Path) -> Watched:
         "request",
         lambda request: watched.posts.append(request.url) if request.method == "POST" else None,
     )
+    context.on("request", lambda request: watched.in_flight.add(request))
+    context.on("requestfinished", lambda request: watched.in_flight.discard(request))
+    context.on("requestfailed", lambda request: watched.in_flight.discard(request))
     return watched
+
+
+SETTLE_SECONDS = 3.0
+
+
+def _settle(watched: Watched) -> None:
+    """Let the answers still on their way (a thumbnail loading late, say) arrive before the
+    context closes: the development server leaves a file it was sending open when the
+    browser drops the connection midway, and the suite turns that ResourceWarning into an
+    error of whichever test runs then. Bounded: a request that never ends is dropped."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while watched.in_flight and time.monotonic() < deadline and not watched.page.is_closed():
+        watched.page.wait_for_timeout(20)  # lets Playwright deliver the pending events
 
 
 def _check(watched: Watched) -> None:
@@ -197,9 +222,9 @@ def open_page(browser: Browser, screenshot_dir: Path) -> Iterator[Callable[..., 
         watched = _watch(context, screenshot_dir)
         opened.append(watched)
         if server is not None and server.account is not None:
-            sign_in(watched.page, server.url, server.account)
+            cookies = session_cookies(server.app, server.url, server.account)
+            context.add_cookies([{**cookie, "url": server.url} for cookie in cookies])
             watched.signed_in = True
-            watched.posts.clear()  # what the test's own steps send, not the sign-in
         return watched
 
     yield factory
@@ -208,6 +233,7 @@ def open_page(browser: Browser, screenshot_dir: Path) -> Iterator[Callable[..., 
             _check(watched)
     finally:
         for watched in opened:
+            _settle(watched)
             watched.context.close()
 
 

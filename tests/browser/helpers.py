@@ -58,6 +58,27 @@ def sign_in(page: Page, url: str, account: BrowserAccount) -> None:
     page.wait_for_url(lambda address: "/login" not in address and "/setup" not in address)
 
 
+def session_cookies(app: Flask, url: str, account: BrowserAccount) -> list[dict]:
+    """The cookies a sign-in through the login page leaves (without "keep me signed in"):
+    a server-side session opened for `account`, its companion flag and its CSRF cookie.
+
+    Loaded into a fresh context, they spare each test the login page's two page loads; the
+    account tests sign in through the page itself."""
+    from deerflow_web.web.accounts.gate import CSRF_COOKIE
+    from deerflow_web.web.accounts.gate import PERSISTENT_COOKIE
+    from deerflow_web.web.accounts.gate import SESSION_COOKIE
+    from deerflow_web.web.accounts.gate import csrf_value
+
+    secret = app.extensions[EXTENSION_KEY].accounts.open_session(account.user_id, persistent=False)
+    with app.app_context():
+        csrf = csrf_value(secret)
+    return [
+        {"name": SESSION_COOKIE, "value": secret, "httpOnly": True, "sameSite": "Lax"},
+        {"name": PERSISTENT_COOKIE, "value": "0", "httpOnly": True, "sameSite": "Lax"},
+        {"name": CSRF_COOKIE, "value": csrf, "httpOnly": False, "sameSite": "Strict"},
+    ]
+
+
 @dataclass
 class LiveServer:
     """A running app and helpers to put files in it without a browser.
@@ -117,6 +138,7 @@ class Watched:
     screenshot_dir: Path | None = None
     allowed_errors: list[str] = field(default_factory=list)
     signed_in: bool = False
+    in_flight: set[object] = field(default_factory=set)  # requests not answered in full yet
 
     def shoot(self, name: str, *, full_page: bool = True) -> Path:
         """Save a screenshot into the run's temporary folder and remember its path (a signed-in

@@ -34,7 +34,7 @@ from tests.browser.helpers import SINGLE_USER
 from tests.browser.helpers import LiveServer
 from tests.browser.helpers import Watched
 from tests.browser.helpers import gradient_png
-from tests.browser.helpers import sign_in
+from tests.browser.helpers import session_cookies
 from tests.support.documents import make_pdf
 
 pytestmark = pytest.mark.browser
@@ -106,12 +106,9 @@ def probe(browser: Browser, live: LiveServer) -> Iterator[Probe]:
     """A page signed in to `live` when accounts are on, as the thread's owner browses."""
     context = browser.new_context(accept_downloads=True)
     context.set_default_timeout(10_000)
-    if live.account is not None:
-        # In a page of its own, closed before anything is recorded: the pages met while
-        # signing in may still be fetching their icon.
-        signing_in = context.new_page()
-        sign_in(signing_in, live.url, live.account)
-        signing_in.close()
+    if live.account is not None:  # the cookies a sign-in through the login page leaves
+        cookies = session_cookies(live.app, live.url, live.account)
+        context.add_cookies([{**cookie, "url": live.url} for cookie in cookies])
     page = context.new_page()
     watched = Probe(page, context)
     context.on(
