@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from pathlib import Path
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 from typing import NamedTuple
 
 from deerflow_web.errors import ArtifactPrefixError
@@ -42,6 +43,9 @@ from deerflow_web.models import validate_user_id
 _UNSAFE_USER_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 DEFAULT_USER_ID = "default"
+
+if TYPE_CHECKING:
+    from deerflow_web.storage.objects.working_copy import WorkingCopies
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +236,9 @@ class ThreadPaths:
 
     def __init__(self, base_dir: str | os.PathLike[str]) -> None:
         self.base_dir = Path(base_dir).resolve()
+        # With `storage.backend: s3`, what keeps the folders true to the bucket before
+        # they are read (`storage/objects/working_copy.py`); None on the local backend.
+        self.copies: WorkingCopies | None = None
 
     def _thread_dir(self, ref: ThreadRef) -> Path:
         if ref.is_single_user:
@@ -409,6 +416,7 @@ class ThreadFolders:
         self._existing: set[Path] = set()
         self._records: list[UploadRecord] | None = None
         self._history_dirs: dict[str, Path] = {}
+        self._hydrated = paths.copies is None  # brought up to date with the bucket
 
     @property
     def thread_id(self) -> str:
@@ -426,6 +434,12 @@ class ThreadFolders:
         except UnsafeFolder as error:
             self._unsafe = error
         self._walked = True
+        if not self._hydrated and self._unsafe is None:
+            # On the S3 backend, brought up to date with the bucket before any read.
+            self._hydrated = True  # first: hydrating uses the folders itself
+            copies = self.paths.copies
+            assert copies is not None
+            copies.hydrate(self)
 
     def _checked(self, path: Path) -> Path:
         """`path` (the thread folder or user-data), once the walk found it safe."""

@@ -51,6 +51,7 @@ from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.quotas.policy import QuotaPolicy
+from deerflow_web.settings import StorageSettings
 from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import ClaimedNames
@@ -67,6 +68,8 @@ from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import scan_regular_files
 from deerflow_web.storage.migrate import open_database
+from deerflow_web.storage.objects import make_object_store
+from deerflow_web.storage.objects.working_copy import WorkingCopies
 from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
@@ -491,6 +494,7 @@ class UploadService:
             if batch.count == 0:
                 raise NoFilesProvided()
             batch.screen()  # every verdict in before anything is committed
+            self._push_staged(folders, batch)
             saved = self._commit(folders, batch)
         except BaseException:
             batch.discard()
@@ -532,6 +536,7 @@ class UploadService:
         if not batch.adopt(name, staging, sha256, content_type):
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         batch.staged[-1].verdict = verdict
+        self._push_staged(folders, batch)
         try:
             saved = self._commit(folders, batch, then, reserved)
         finally:
@@ -539,6 +544,14 @@ class UploadService:
         if not saved:
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         return UploadResult(saved, [])
+
+    def _push_staged(self, folders: ThreadFolders, batch: _UploadBatch) -> None:
+        """On the S3 backend, the staged bytes into the bucket before the commit takes the
+        thread's lock: the commit's own check then finds them there (`working_copy`)."""
+        copies = self.paths.copies
+        if copies is not None:
+            for item in batch.staged:
+                copies.push(folders.scope, item.staging.path, item.sha256)
 
     def _commit(
         self,
@@ -672,6 +685,11 @@ class UploadService:
         or the next periodic scan, whichever comes first.
         """
         folders = self.folders(thread)
+        if self.paths.copies is not None:
+            # On the S3 backend the folder is a copy of the records, never their source.
+            records = [s.record for s in self.records.all(folders.scope)]
+            folders.remember_records(records)
+            return records
         folder = folders.uploads_dir()
         scope = folders.scope
         signature = _folder_signature(folder)
@@ -1093,12 +1111,19 @@ def make_upload_service(
     engine: Engine | None = None,
     scanner: ContentScanner | None = None,
     quotas: QuotaPolicy | None = None,
+    storage: StorageSettings | None = None,
 ) -> UploadService:
     """Build the service over a data dir: the one place storage objects are assembled.
 
     `engine` is the process's shared database; without one, the data dir's embedded
-    SQLite file is opened (and migrated).
+    SQLite file is opened (and migrated). With `storage.backend: s3` the data dir becomes
+    this process's working copy of the bucket (`storage/objects/working_copy.py`).
     """
     paths = ThreadPaths(base_dir)
     records = DatabaseUploadRecords(engine or open_database(paths.base_dir))
+    if storage is not None and storage.backend == "s3":
+        copies = WorkingCopies(make_object_store(storage, paths.base_dir), paths.base_dir)
+        records.before_write = copies.push_written
+        copies.records = records
+        paths.copies = copies
     return UploadService(paths, records, limits or UploadLimits(), scanner=scanner, quotas=quotas)

@@ -72,8 +72,7 @@ def _query_bool(name: str) -> bool:
 
 
 def _formatter() -> UploadInfoFormatter:
-    thread = current_thread()
-    return UploadInfoFormatter(thread.thread_id, thread.uploads_dir())
+    return UploadInfoFormatter.for_thread(current_thread())
 
 
 @bp.post("/threads/<thread_id>/uploads")

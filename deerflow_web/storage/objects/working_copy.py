@@ -1,0 +1,239 @@
+"""The data dir as one instance's working copy of a bucket (`storage.backend: s3`).
+
+With the S3 backend several instances on different machines share one database and one
+bucket, and nothing else: each has its own data dir, empty at first. The bucket holds the
+bytes of every upload the records name, and the records stay the source of truth (what a
+thread holds, each file's SHA-256). Everything that reads a file (downloads, previews, the
+agent's tools, conversion, scans, archives, zip downloads) keeps reading the thread's
+folders in the data dir; this module keeps those folders true to the records:
+
+- **No record without its bytes in the bucket.** Every record write pushes the file it
+  describes to the bucket first, in the write's own transaction (`push_written`, called by
+  `DatabaseUploadRecords` before each write): if the bucket cannot take it, the write fails
+  and rolls back, and the upload answers 503 with nothing changed. A large upload is pushed
+  once it has streamed, before its commit takes the thread's lock (`push`), so other
+  writers of the thread do not wait for the copy.
+- **Bytes are keyed by their SHA-256 within the thread** (`keys.blob_key`). Replacing a
+  file only points its record at other bytes, so what a reader of the bucket sees switches
+  atomically with the records, a rename moves no bytes, and the earlier bytes a version or
+  the trash keeps are already there. A blob no record or history row names any more is
+  removed by `collect_garbage`, under the thread's lock, once it is older than any commit
+  in flight.
+- **A thread's folder is made to match its records before it is read** (`hydrate`, once
+  per request or tool call, by `ThreadFolders`): a file missing here, or older than its
+  record, is fetched from the bucket to a staging name, its SHA-256 checked against the
+  record, and renamed into place under the thread's lock only if the record still names
+  those bytes; a file the records no longer name (deleted or renamed on another instance)
+  is removed. A fetched file gets its record's mtime, so a file here is current when its
+  size and mtime are the record's: one `lstat` each, no hashing.
+
+The folder is a copy the app alone writes: an edit behind its back is not picked up as
+in the local backend (which the records then follow); the next write of that name, or a
+fetch after its size or mtime moved, wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deerflow_web.errors import ObjectNotFound
+from deerflow_web.errors import StorageFailure
+from deerflow_web.models import Area
+from deerflow_web.storage.objects.base import READ_CHUNK
+from deerflow_web.storage.objects.base import ObjectStore
+from deerflow_web.storage.objects.keys import blob_key
+from deerflow_web.storage.objects.keys import blobs_prefix
+from deerflow_web.storage.paths import is_staging_name
+from deerflow_web.storage.paths import storage_modes
+
+if TYPE_CHECKING:
+    from deerflow_web.storage.paths import ThreadFolders
+    from deerflow_web.storage.records import DatabaseUploadRecords
+    from deerflow_web.storage.records import StoredRecord
+
+logger = logging.getLogger(__name__)
+
+# A blob younger than this is never collected: its commit may still be on its way.
+GARBAGE_GRACE_SECONDS = 3600.0
+
+
+class WorkingCopies:
+    """Keeps every data dir of an install true to one bucket (see the module docstring)."""
+
+    def __init__(self, store: ObjectStore, base_dir: str | os.PathLike[str]) -> None:
+        self.store = store
+        self.base_dir = Path(base_dir)
+        # Set by the wiring once the records exist (they call `push_written` back).
+        self.records: DatabaseUploadRecords | None = None
+
+    # -- into the bucket -------------------------------------------------------------
+
+    def uploads_path(self, scope: str, filename: str) -> Path:
+        return self.base_dir / scope / "user-data" / Area.UPLOADS.value / filename
+
+    def push(self, scope: str, path: Path, sha256: str) -> None:
+        """Make sure the bucket holds `path`'s bytes as the thread's blob of `sha256`.
+
+        Raises:
+            ObjectStoreUnavailable: The bucket cannot be reached (nothing was recorded).
+            StorageFailure: The file is gone, or its bytes are not `sha256`'s.
+        """
+        key = blob_key(scope, sha256)
+        if self.store.exists(key):
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as error:
+            raise StorageFailure(f"{path.name} cannot be read to store it: {error}") from error
+        with os.fdopen(fd, "rb") as source, self.store.open_writer(key) as writer:
+            while chunk := source.read(READ_CHUNK):
+                writer.write(chunk)
+            info = writer.commit()
+        if info.sha256 is not None and info.sha256 != sha256:
+            self.store.delete(key)
+            raise StorageFailure(f"{path.name} changed while it was stored; try again")
+
+    def push_written(self, scope: str, written: Iterable[StoredRecord]) -> None:
+        """Before records are written: the bytes each describes, into the bucket."""
+        for stored in written:
+            record = stored.record
+            self.push(scope, self.uploads_path(scope, record.filename), record.sha256)
+
+    # -- out of the bucket -----------------------------------------------------------
+
+    def hydrate(self, folders: ThreadFolders) -> None:
+        """Make the thread's uploads folder hold what its records say (module docstring).
+
+        Raises:
+            ObjectStoreUnavailable: A file had to be fetched and the bucket cannot be
+                reached (what was current here stays).
+            StorageFailure: The bucket's bytes are not the ones the record names.
+        """
+        records = self._records()
+        scope = folders.scope
+        stored = records.all(scope)
+        folder = folders.user_data_dir() / Area.UPLOADS.value
+        here = _regular_files(folder)
+        wanted = {s.record.filename: s for s in stored}
+        missing = [s for s in stored if not _is_current(here.get(s.record.filename), s)]
+        extra = [name for name in here if name not in wanted]
+        if not missing and not extra:
+            return
+        if missing:
+            folders.make_dirs(folder)
+        fetched: dict[str, Path] = {}
+        try:
+            for s in missing:
+                fetched[s.record.filename] = self._fetch(scope, s, folder)
+            with records.locked(scope) as txn:
+                # Only what the records still say lands: a commit meanwhile wins.
+                now = txn.get_many([*fetched, *extra])
+                for name, staging in fetched.items():
+                    current = now.get(name)
+                    if current is not None and _same_bytes(current, wanted[name]):
+                        os.replace(staging, folder / name)
+                for name in extra:
+                    if now.get(name) is None:
+                        (folder / name).unlink(missing_ok=True)
+        finally:
+            for staging in fetched.values():
+                staging.unlink(missing_ok=True)
+        folders.forget_records()
+
+    def _fetch(self, scope: str, stored: StoredRecord, folder: Path) -> Path:
+        """The record's bytes from the bucket in a staging file of `folder`, checked."""
+        from deerflow_web.storage.local import staging_path
+
+        record = stored.record
+        staging = staging_path(folder)
+        digest = hashlib.sha256()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(staging, flags, storage_modes().file)
+        try:
+            with os.fdopen(fd, "wb") as target:
+                try:
+                    stream = self.store.open_read(blob_key(scope, record.sha256))
+                except ObjectNotFound as error:
+                    raise StorageFailure(
+                        f"the stored bytes of {record.filename} are missing from the bucket"
+                    ) from error
+                with stream:
+                    for chunk in stream:
+                        digest.update(chunk)
+                        target.write(chunk)
+            if digest.hexdigest() != record.sha256:
+                raise StorageFailure(
+                    f"the stored bytes of {record.filename} do not match its record"
+                )
+            os.utime(staging, ns=(stored.mtime_ns, stored.mtime_ns))
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+        return staging
+
+    # -- housekeeping ----------------------------------------------------------------
+
+    def delete_thread(self, scope: str) -> int:
+        """Remove every blob of a deleted thread; return how many went."""
+        removed = 0
+        for info in list(self.store.list_keys(blobs_prefix(scope))):
+            self.store.delete(info.key)
+            removed += 1
+        return removed
+
+    def collect_garbage(
+        self, scope: str, referenced: Iterable[str], *, grace: float = GARBAGE_GRACE_SECONDS
+    ) -> int:
+        """Remove the thread's blobs no record names (`referenced`: every SHA-256 the
+        records and history rows name, read in the caller's lock) once older than `grace`."""
+        keep = set(referenced)
+        cutoff = time.time() - grace
+        removed = 0
+        for info in list(self.store.list_keys(blobs_prefix(scope))):
+            sha256 = info.key.rsplit("/", 1)[-1]
+            if sha256 in keep or (info.modified is not None and info.modified > cutoff):
+                continue
+            self.store.delete(info.key)
+            removed += 1
+        return removed
+
+    def _records(self) -> DatabaseUploadRecords:
+        if self.records is None:
+            raise RuntimeError("WorkingCopies.records is set by the wiring before use")
+        return self.records
+
+
+def _regular_files(folder: Path) -> dict[str, os.stat_result]:
+    """The folder's regular files by name (staging files aside); empty when it is missing."""
+    found: dict[str, os.stat_result] = {}
+    try:
+        entries = os.scandir(folder)
+    except FileNotFoundError:
+        return found
+    with entries:
+        for entry in entries:
+            if is_staging_name(entry.name):
+                continue
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(info.st_mode):
+                found[entry.name] = info
+    return found
+
+
+def _is_current(info: os.stat_result | None, stored: StoredRecord) -> bool:
+    return (
+        info is not None
+        and info.st_size == stored.record.size
+        and info.st_mtime_ns == stored.mtime_ns
+    )
+
+
+def _same_bytes(current: StoredRecord, fetched: StoredRecord) -> bool:
+    return (current.record.sha256, current.mtime_ns) == (fetched.record.sha256, fetched.mtime_ns)
