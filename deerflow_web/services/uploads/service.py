@@ -46,12 +46,14 @@ from deerflow_web.models import OnConflict
 from deerflow_web.models import RecordSource
 from deerflow_web.models import ScanState
 from deerflow_web.models import ScanVerdict
+from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.quotas.policy import QuotaPolicy
 from deerflow_web.settings import StorageSettings
+from deerflow_web.storage.database import insert_missing_threads
 from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import ClaimedNames
@@ -645,6 +647,9 @@ class UploadService:
                     saved.append(SavedFile(stored.record, seen.get(item.sha256)))
                     seen.setdefault(item.sha256, item.name)
                 txn.put_many(written)
+                if saved and self.paths.copies is not None:
+                    # The thread's row: on the S3 backend no instance's folder marks it.
+                    self._make_thread_row(txn, folders.ref)
                 if then is not None and saved:
                     then(txn, saved)
                 if admission is not None and saved:
@@ -655,6 +660,18 @@ class UploadService:
             item.staging.close()  # held (locked) until the records said so too
         remove_quietly(let_go)
         return saved
+
+    def _make_thread_row(self, txn: RecordsTransaction, ref: ThreadRef) -> None:
+        now = self._clock()
+        row = {
+            "user_id": ref.user_id,
+            "thread_id": ref.thread_id,
+            "title": None,
+            "metadata": "{}",
+            "created_at": now,
+            "updated_at": now,
+        }
+        insert_missing_threads(txn.connection, [row])
 
     def _stored_in_place(self, dest: Path, item: _Staged) -> StoredRecord:
         """The record of a staged part just renamed to `dest`, with the file's identity."""

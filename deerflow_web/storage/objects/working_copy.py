@@ -42,14 +42,21 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import NamedTuple
+
+from sqlalchemy.engine import Connection
 
 from deerflow_web.errors import ObjectNotFound
 from deerflow_web.errors import StorageFailure
 from deerflow_web.models import Area
+from deerflow_web.storage.history import remove_quietly
+from deerflow_web.storage.history import trashed_in
+from deerflow_web.storage.history import versions_in
 from deerflow_web.storage.objects.base import READ_CHUNK
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.keys import blob_key
 from deerflow_web.storage.objects.keys import blobs_prefix
+from deerflow_web.storage.paths import VERSIONS_FOLDER
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import storage_modes
 
@@ -131,7 +138,8 @@ class WorkingCopies:
         fetched: dict[str, Path] = {}
         try:
             for s in missing:
-                fetched[s.record.filename] = self._fetch(scope, s, folder)
+                name = s.record.filename
+                fetched[name] = self._fetch(scope, s.record.sha256, folder, name, s.mtime_ns)
             with records.locked(scope) as txn:
                 # Only what the records still say lands: a commit meanwhile wins.
                 now = txn.get_many([*fetched, *extra])
@@ -147,11 +155,49 @@ class WorkingCopies:
                 staging.unlink(missing_ok=True)
         folders.forget_records()
 
-    def _fetch(self, scope: str, stored: StoredRecord, folder: Path) -> Path:
-        """The record's bytes from the bucket in a staging file of `folder`, checked."""
+    def hydrate_history(self, folders: ThreadFolders, kind: str, folder: Path) -> None:
+        """Make the thread's versions or trash folder hold what its history rows say: the
+        kept bytes of uploads fetched where missing, entries no row names removed.
+
+        A version's or a trashed file's bytes never change under its id, so a file of the
+        right size is current. Versions of outputs/ stay this instance's own (that area is
+        the agent's, not backed by the bucket).
+        """
+        records = self._records()
+        scope = folders.scope
+        with records.engine.connect() as db:
+            wanted, keep = _history_files(db, scope, kind)
+        here = _entries(folder)
+        missing = [f for f in wanted if not _has_size(folder / f.path, f.size)]
+        extra = [name for name in here if name not in keep]
+        if not missing and not extra:
+            return
+        fetched: list[tuple[_HistoryFile, Path]] = []
+        try:
+            for wanted_file in missing:
+                target = folder / wanted_file.path
+                folders.make_dirs(target.parent)
+                staging = self._fetch(
+                    scope, wanted_file.sha256, target.parent, wanted_file.path.rsplit("/")[-1]
+                )
+                fetched.append((wanted_file, staging))
+            with records.locked(scope) as txn:
+                _, keep_now = _history_files(txn.connection, scope, kind)
+                for wanted_file, staging in fetched:
+                    if wanted_file.path.split("/", 1)[0] in keep_now:
+                        os.replace(staging, folder / wanted_file.path)
+                remove_quietly([folder / name for name in extra if name not in keep_now])
+        finally:
+            for _, staging in fetched:
+                staging.unlink(missing_ok=True)
+
+    def _fetch(
+        self, scope: str, sha256: str, folder: Path, name: str, mtime_ns: int | None = None
+    ) -> Path:
+        """The bytes of `sha256` from the bucket in a staging file of `folder`, checked;
+        `name` is the file they are for (for errors), `mtime_ns` the mtime to give it."""
         from deerflow_web.storage.local import staging_path
 
-        record = stored.record
         staging = staging_path(folder)
         digest = hashlib.sha256()
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -159,20 +205,19 @@ class WorkingCopies:
         try:
             with os.fdopen(fd, "wb") as target:
                 try:
-                    stream = self.store.open_read(blob_key(scope, record.sha256))
+                    stream = self.store.open_read(blob_key(scope, sha256))
                 except ObjectNotFound as error:
                     raise StorageFailure(
-                        f"the stored bytes of {record.filename} are missing from the bucket"
+                        f"the stored bytes of {name} are missing from the bucket"
                     ) from error
                 with stream:
                     for chunk in stream:
                         digest.update(chunk)
                         target.write(chunk)
-            if digest.hexdigest() != record.sha256:
-                raise StorageFailure(
-                    f"the stored bytes of {record.filename} do not match its record"
-                )
-            os.utime(staging, ns=(stored.mtime_ns, stored.mtime_ns))
+            if digest.hexdigest() != sha256:
+                raise StorageFailure(f"the stored bytes of {name} do not match their record")
+            if mtime_ns is not None:
+                os.utime(staging, ns=(mtime_ns, mtime_ns))
         except BaseException:
             staging.unlink(missing_ok=True)
             raise
@@ -237,3 +282,45 @@ def _is_current(info: os.stat_result | None, stored: StoredRecord) -> bool:
 
 def _same_bytes(current: StoredRecord, fetched: StoredRecord) -> bool:
     return (current.record.sha256, current.mtime_ns) == (fetched.record.sha256, fetched.mtime_ns)
+
+
+class _HistoryFile(NamedTuple):
+    path: str  # inside the versions or trash folder: `{version_id}`, `{trash_id}/{name}`
+    sha256: str
+    size: int
+
+
+def _history_files(db: Connection, scope: str, kind: str) -> tuple[list[_HistoryFile], set[str]]:
+    """The files a history folder should hold from the bucket, and every top-level name
+    in it a row still names (versions of outputs/ among them)."""
+    if kind == VERSIONS_FOLDER:
+        versions = versions_in(db, scope)
+        wanted = [
+            _HistoryFile(v.version_id, v.sha256, v.size)
+            for v in versions
+            if v.area == Area.UPLOADS.value
+        ]
+        return wanted, {v.version_id for v in versions}
+    entries = trashed_in(db, scope)
+    wanted = [
+        _HistoryFile(f"{e.trash_id}/{r.filename}", r.sha256, r.size)
+        for e in entries
+        for r in e.records
+    ]
+    return wanted, {e.trash_id for e in entries}
+
+
+def _entries(folder: Path) -> list[str]:
+    """The names in a folder (staging files aside); empty when it is missing."""
+    try:
+        return [name for name in os.listdir(folder) if not is_staging_name(name)]
+    except FileNotFoundError:
+        return []
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == size
