@@ -17,8 +17,7 @@ folders in the data dir; this module keeps those folders true to the records:
   file only points its record at other bytes, so what a reader of the bucket sees switches
   atomically with the records, a rename moves no bytes, and the earlier bytes a version or
   the trash keeps are already there. A blob no record or history row names any more is
-  removed by `collect_garbage`, under the thread's lock, once it is older than any commit
-  in flight.
+  removed by `collect_garbage`, under the thread's lock, after every delete for good.
 - **A thread's folder is made to match its records before it is read** (`hydrate`, once
   per request or tool call, by `ThreadFolders`): a file missing here, or older than its
   record, is fetched from the bucket to a staging name, its SHA-256 checked against the
@@ -49,6 +48,7 @@ from sqlalchemy.engine import Connection
 from deerflow_web.errors import ObjectNotFound
 from deerflow_web.errors import StorageFailure
 from deerflow_web.models import Area
+from deerflow_web.models import UploadRecord
 from deerflow_web.storage.history import remove_quietly
 from deerflow_web.storage.history import trashed_in
 from deerflow_web.storage.history import versions_in
@@ -67,16 +67,24 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# A blob younger than this is never collected: its commit may still be on its way.
-GARBAGE_GRACE_SECONDS = 3600.0
+# How long a presigned download URL works: enough to start the download, short enough that
+# a URL copied out of a browser is of no use to anyone later.
+PRESIGNED_SECONDS = 300
 
 
 class WorkingCopies:
     """Keeps every data dir of an install true to one bucket (see the module docstring)."""
 
-    def __init__(self, store: ObjectStore, base_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        base_dir: str | os.PathLike[str],
+        *,
+        presigned_downloads: bool = False,
+    ) -> None:
         self.store = store
         self.base_dir = Path(base_dir)
+        self.presigned_downloads = presigned_downloads  # `storage.s3.presigned_downloads`
         # Set by the wiring once the records exist (they call `push_written` back).
         self.records: DatabaseUploadRecords | None = None
 
@@ -140,7 +148,7 @@ class WorkingCopies:
             for s in missing:
                 name = s.record.filename
                 fetched[name] = self._fetch(scope, s.record.sha256, folder, name, s.mtime_ns)
-            with records.locked(scope) as txn:
+            with records.locked_here(scope) as txn:
                 # Only what the records still say lands: a commit meanwhile wins.
                 now = txn.get_many([*fetched, *extra])
                 for name, staging in fetched.items():
@@ -165,7 +173,7 @@ class WorkingCopies:
         """
         records = self._records()
         scope = folders.scope
-        with records.engine.connect() as db:
+        with records.reading() as db:
             wanted, keep = _history_files(db, scope, kind)
         here = _entries(folder)
         missing = [f for f in wanted if not _has_size(folder / f.path, f.size)]
@@ -181,7 +189,7 @@ class WorkingCopies:
                     scope, wanted_file.sha256, target.parent, wanted_file.path.rsplit("/")[-1]
                 )
                 fetched.append((wanted_file, staging))
-            with records.locked(scope) as txn:
+            with records.locked_here(scope) as txn:
                 _, keep_now = _history_files(txn.connection, scope, kind)
                 for wanted_file, staging in fetched:
                     if wanted_file.path.split("/", 1)[0] in keep_now:
@@ -223,6 +231,19 @@ class WorkingCopies:
             raise
         return staging
 
+    def download_url(self, scope: str, record: UploadRecord) -> str | None:
+        """With `storage.s3.presigned_downloads`, a short-lived URL the bucket serves the
+        upload's bytes at as an attachment of its name and type (the caller has checked
+        who may have them); None otherwise."""
+        if not self.presigned_downloads:
+            return None
+        return self.store.presigned_url(
+            blob_key(scope, record.sha256),
+            expires_seconds=PRESIGNED_SECONDS,
+            filename=record.filename,
+            content_type=record.content_type,
+        )
+
     # -- housekeeping ----------------------------------------------------------------
 
     def delete_thread(self, scope: str) -> int:
@@ -233,20 +254,32 @@ class WorkingCopies:
             removed += 1
         return removed
 
-    def collect_garbage(
-        self, scope: str, referenced: Iterable[str], *, grace: float = GARBAGE_GRACE_SECONDS
-    ) -> int:
-        """Remove the thread's blobs no record names (`referenced`: every SHA-256 the
-        records and history rows name, read in the caller's lock) once older than `grace`."""
-        keep = set(referenced)
+    def collect_garbage(self, scope: str, *, grace: float = 0.0) -> int:
+        """Remove the thread's blobs that no record or history row names; return how many.
+
+        Run under the thread's lock, so a commit naming one of them again either landed
+        first (the blob is kept) or comes after: its own check inside the lock then finds
+        the blob gone and pushes it again. `grace` spares blobs younger than that many
+        seconds (a periodic sweep: an upload pushed but not committed yet).
+        """
+        records = self._records()
         cutoff = time.time() - grace
         removed = 0
-        for info in list(self.store.list_keys(blobs_prefix(scope))):
-            sha256 = info.key.rsplit("/", 1)[-1]
-            if sha256 in keep or (info.modified is not None and info.modified > cutoff):
-                continue
-            self.store.delete(info.key)
-            removed += 1
+        with records.locked_here(scope) as txn:
+            blobs = list(self.store.list_keys(blobs_prefix(scope)))
+            if not blobs:
+                return 0
+            named = txn.names_by_sha256(info.key.rsplit("/", 1)[-1] for info in blobs)
+            kept = set(named)
+            kept.update(v.sha256 for v in versions_in(txn.connection, scope))
+            kept.update(r.sha256 for e in trashed_in(txn.connection, scope) for r in e.records)
+            for info in blobs:
+                if info.key.rsplit("/", 1)[-1] in kept:
+                    continue
+                if grace and (info.modified is None or info.modified > cutoff):
+                    continue
+                self.store.delete(info.key)
+                removed += 1
         return removed
 
     def _records(self) -> DatabaseUploadRecords:

@@ -219,3 +219,63 @@ def test_an_upload_while_the_bucket_is_down_changes_nothing_and_says_when_to_ret
     assert b.download("t6", "kept.txt").data == b"before"
     assert a.uploads.upload("t6", (b"after", "new.txt")).status_code == 200
     assert b.download("t6", "new.txt").data == b"after"
+
+
+def blobs(bucket: S3ObjectStore, thread_id: str) -> set[str]:
+    return {info.key.rsplit("/", 1)[-1] for info in bucket.list_keys(f"{scope_of(thread_id)}/")}
+
+
+def sha(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def test_bytes_leave_the_bucket_once_nothing_names_them(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore
+) -> None:
+    a, b = instances
+    first, second = b"first bytes", b"second bytes"
+    assert a.uploads.upload("t7", (first, "a.txt"), (first, "same.txt")).status_code == 200
+    assert blobs(bucket, "t7") == {sha(first)}  # one blob for both names
+    assert a.uploads.upload("t7", (second, "a.txt")).status_code == 200
+    assert blobs(bucket, "t7") == {sha(first), sha(second)}  # same.txt and a's version
+    trashed = a.client.delete("/api/threads/t7/uploads/same.txt")
+    assert trashed.status_code == 200
+    assert blobs(bucket, "t7") == {sha(first), sha(second)}  # the trash and the version
+    assert b.client.delete("/api/threads/t7/trash").status_code == 200
+    assert blobs(bucket, "t7") == {sha(first), sha(second)}  # a.txt's version still
+    gone = b.client.delete("/api/threads/t7/uploads/a.txt", query_string={"permanent": "true"})
+    assert gone.status_code == 200
+    assert blobs(bucket, "t7") == set()  # the file, its version: nothing names them
+
+
+def test_presigned_downloads_send_the_client_to_the_bucket_after_the_same_checks(
+    instances: tuple[Instance, Instance],
+    monkeypatch: pytest.MonkeyPatch,
+    make_app: Any,
+    tmp_path: Path,
+) -> None:
+    import urllib.request
+
+    a, _ = instances
+    body = secrets.token_bytes(70_000)
+    assert a.uploads.upload("t8", (body, "Q3 report.pdf")).status_code == 200
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_PRESIGNED_DOWNLOADS", "true")
+    base_dir = tmp_path / "c"
+    base_dir.mkdir()
+    c = Instance(make_app(BASE_DIR=str(base_dir)), base_dir)
+    path = "/api/threads/t8/artifacts/mnt/user-data/uploads/Q3%20report.pdf"
+    sent = c.client.get(path, query_string={"download": "true"})
+    assert sent.status_code == 302
+    with urllib.request.urlopen(sent.headers["Location"], timeout=30) as bucket_answer:
+        assert bucket_answer.read() == body
+        disposition = bucket_answer.headers["Content-Disposition"]
+        assert disposition.startswith("attachment") and "Q3%20report.pdf" in disposition
+        (listed,) = a.uploads.list("t8")["files"]
+        assert bucket_answer.headers["Content-Type"] == listed["content_type"]
+    assert not c.local("t8", "Q3 report.pdf").exists()  # nothing fetched here for it
+    inline = c.client.get(path)  # shown inline: served by the app, as ever
+    assert inline.status_code == 200
+    assert inline.get_data() == body
+    inline.close()
+    missing = c.client.get(path.replace("Q3", "Q4"), query_string={"download": "true"})
+    assert missing.status_code == 404
