@@ -38,6 +38,10 @@ def resolve_thread_paths(
         from deerflow_web.services.uploads.service import make_upload_service
 
         return make_upload_service(settings.base_dir, storage=settings.storage).paths
+    from deerflow_web.storage.install_storage import refuse_local_after_move_at
+
+    # As the app: an install moved to a bucket is never served from this disk again.
+    refuse_local_after_move_at(settings.base_dir, settings.database_url, settings.storage)
     return ThreadPaths(settings.base_dir)
 
 

@@ -38,6 +38,7 @@ from deerflow_web.services.uploads.resumable import make_resumable_service
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
+from deerflow_web.storage.install_storage import refuse_local_after_move
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.migrate import open_database
@@ -60,6 +61,8 @@ class Services:
         self.settings = settings
         # One engine per process, shared by every store (SPEC 9); migrated before first use.
         self.engine = open_database(settings.base_dir, settings.database_url)
+        # An install whose bytes moved to a bucket never serves from this disk again.
+        refuse_local_after_move(self.engine, settings.storage)
         # Virus scanning (issue: scan before anyone sees it): None unless configured.
         self.scanner: Scanner | None = make_scanner(settings.scanning)
         self.scan_events = ScanEvents(self.engine)
