@@ -11,6 +11,7 @@ from pathlib import Path
 from flask import Flask
 from flask import current_app
 
+from deerflow_web.errors import ConfigError
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.services.accounts.service import AccountService
@@ -62,7 +63,11 @@ class Services:
         # One engine per process, shared by every store (SPEC 9); migrated before first use.
         self.engine = open_database(settings.base_dir, settings.database_url)
         # An install whose bytes moved to a bucket never serves from this disk again.
-        refuse_local_after_move(self.engine, settings.storage)
+        try:
+            refuse_local_after_move(self.engine, settings.storage)
+        except ConfigError:
+            self.engine.dispose()  # the process stops: its connections with it
+            raise
         # Virus scanning (issue: scan before anyone sees it): None unless configured.
         self.scanner: Scanner | None = make_scanner(settings.scanning)
         self.scan_events = ScanEvents(self.engine)
