@@ -218,6 +218,7 @@ def migrate_storage(target: str, every: int, no_switch: bool) -> None:
         ) from error
     for failure in report.failures:
         click.echo(f"not copied: {failure.describe()}", err=True)
+    click.echo(f"{report.threads} thread(s), each with its row in the database")
     if report.swept:
         click.echo(f"{report.swept} unfinished upload(s) of an earlier run aborted")
     click.echo(f"Done: {report.summary()}")

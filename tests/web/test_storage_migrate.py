@@ -192,10 +192,6 @@ def test_every_file_moves_and_an_s3_instance_serves_them(
     ]
 
 
-@pytest.mark.skip(
-    reason="waits for the S3 backend's hydration of history folders (versions and trash "
-    "fetched from the bucket), which is not on main yet"
-)
 def test_an_s3_instance_restores_the_moved_version_and_trash_entry(
     install: Install, make_app: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,9 +43,14 @@ from sqlalchemy import tuple_
 from deerflow_web.errors import InvalidObjectKey
 from deerflow_web.errors import ObjectNotFound
 from deerflow_web.errors import UnsafeFolder
+from deerflow_web.models import THREAD_ID_RE
+from deerflow_web.models import USER_ID_RE
+from deerflow_web.models import ThreadRef
 from deerflow_web.storage.database import file_versions
+from deerflow_web.storage.database import insert_missing_threads
 from deerflow_web.storage.database import trashed_files
 from deerflow_web.storage.database import uploads
+from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.objects.base import READ_CHUNK
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.keys import BLOBS_FOLDER
@@ -95,6 +100,7 @@ class MoveReport:
     skipped: int = 0  # the bucket held the bytes already
     bytes_copied: int = 0
     swept: int = 0  # unfinished uploads of earlier runs, aborted
+    threads: int = 0  # threads given their row (or found with one)
     failures: list[MoveFailure] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     elapsed: float = 0.0
@@ -143,8 +149,72 @@ class InstallMover:
             self._move(local, report)
             if progress is not None:
                 progress(report, local)
+        report.threads = self.record_threads()
         report.elapsed = time.monotonic() - report.started
         return report
+
+    def record_threads(self) -> int:
+        """Give every thread of the install its row in `threads`, as a listing on the local
+        backend does for a folder without one: on the S3 backend a folder is one
+        instance's copy, and the rows alone say which threads exist. Every thread a row
+        names and every thread folder here counts; a row already there stays as it is.
+        Returns how many threads the install has."""
+        refs: dict[tuple[str, str], ThreadRef] = {}
+        for scope in self._scopes():
+            try:
+                ref = self.paths.parse_scope(scope)
+            except ValueError:
+                continue  # reported with its files
+            refs[(ref.user_id, ref.thread_id)] = ref
+        for ref in self._thread_folders():
+            refs.setdefault((ref.user_id, ref.thread_id), ref)
+        now = time.time()
+        rows = []
+        for ref in refs.values():
+            try:
+                stamp = os.stat(self.paths.thread_dir(ref), follow_symlinks=False).st_mtime
+            except (OSError, UnsafeFolder):
+                stamp = now  # no folder here (history rows only), or not one to trust
+            rows.append(
+                {
+                    "user_id": ref.user_id,
+                    "thread_id": ref.thread_id,
+                    "title": None,
+                    "metadata": "{}",
+                    "created_at": stamp,
+                    "updated_at": stamp,
+                }
+            )
+        for start in range(0, len(rows), PAGE):
+            with write_transaction(self.engine) as db:
+                insert_missing_threads(db, rows[start : start + PAGE])
+        return len(refs)
+
+    def _scopes(self) -> set[str]:
+        found: set[str] = set()
+        with self.engine.connect() as db:
+            for table in (uploads, file_versions, trashed_files):
+                found.update(scope for (scope,) in db.execute(select(table.c.scope).distinct()))
+        return found
+
+    def _thread_folders(self) -> Iterator[ThreadRef]:
+        """The thread folders of both layouts (a link is never followed)."""
+        for thread_id in self._ids(self.paths.base_dir / "threads"):
+            yield ThreadRef.single_user(thread_id)
+        users = self.paths.base_dir / "users"
+        if users.is_dir() and not users.is_symlink():
+            for entry in os.scandir(users):
+                if entry.is_dir(follow_symlinks=False) and USER_ID_RE.fullmatch(entry.name):
+                    for thread_id in self._ids(Path(entry.path) / "threads"):
+                        yield ThreadRef(thread_id, entry.name)
+
+    @staticmethod
+    def _ids(root: Path) -> Iterator[str]:
+        if not root.is_dir() or root.is_symlink():
+            return
+        for entry in os.scandir(root):
+            if entry.is_dir(follow_symlinks=False) and THREAD_ID_RE.fullmatch(entry.name):
+                yield entry.name
 
     def sweep(self, older_than: float = STALE_UPLOAD_SECONDS) -> int:
         """Abort the unfinished uploads of blobs that earlier runs (or dead instances) left."""
