@@ -24,6 +24,7 @@ from flask.cli import AppGroup
 from flask.cli import with_appcontext
 
 from deerflow_web.errors import DeerFlowError
+from deerflow_web.errors import ObjectNotFound
 from deerflow_web.services.accounts.service import ADMIN
 from deerflow_web.services.accounts.service import USER
 from deerflow_web.services.threads.adopt import adopt_flat_threads
@@ -201,6 +202,16 @@ def migrate_storage(target: str, every: int, no_switch: bool) -> None:
         )
     try:
         store = make_object_store(StorageSettings(target, s3), settings.base_dir)
+        ping = getattr(store, "ping", None)
+        if ping is not None:
+            try:
+                ping()  # reachable, the bucket there, the credentials taken: before any file
+            except ObjectNotFound as error:
+                raise click.ClickException(
+                    f"The bucket {s3.bucket} does not exist"
+                    + (f" at {s3.endpoint_url}" if s3.endpoint_url else "")
+                    + ": create it first (the app never creates buckets)"
+                ) from error
         mover = InstallMover(services.engine, settings.base_dir, store)
         click.echo(
             f"Moving the files of {settings.base_dir} into the bucket {s3.bucket}"

@@ -249,6 +249,32 @@ def test_a_damaged_or_missing_file_is_reported_and_blocks_the_switch(
     make_app()  # not switched: a local instance still starts
 
 
+def test_bytes_a_damaged_file_lacks_come_from_another_file_of_the_thread(
+    s3_env: dict[str, str], make_app: Any, base_dir: Path, bucket: S3ObjectStore
+) -> None:
+    made = Install(make_app(), base_dir)
+    made.upload(made.client, "t1", b"the same bytes", "a.txt")
+    made.upload(made.client, "t1", b"the same bytes", "b.txt")
+    (uploads_dir(base_dir, "t1") / "a.txt").write_bytes(b"THE SAME BYTES")
+    result = cli(made.app)
+    assert result.exit_code == 0, result.output  # b.txt gave the blob both records name
+    assert "2 file(s): 1 copied, 1 skipped" in result.output and "0 failure(s)" in result.output
+    assert stored_sha256(bucket, blob_key(scope_of("t1"), sha(b"the same bytes"))) == sha(
+        b"the same bytes"
+    )
+
+
+def test_a_bucket_that_does_not_exist_is_named(
+    s3_env: dict[str, str], make_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "no-such-bucket-here")
+    result = cli(make_app())
+    assert result.exit_code != 0
+    assert "The bucket no-such-bucket-here does not exist at http://127.0.0.1:" in result.output
+    assert read_install_storage(app.extensions[EXTENSION_KEY].engine) is None
+
+
 def test_without_a_bucket_the_command_says_what_to_set(
     make_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
