@@ -64,6 +64,7 @@ PAGE = 500  # rows read per query: the tables are walked in key order, a page at
 # upload: no upload runs this long) and is aborted at the start of a run.
 STALE_UPLOAD_SECONDS = 3600.0
 MISSING = "missing"
+USER_ID_LENGTH = 36  # threads.user_id: a folder of a longer name was never an account's
 FOLDERS_KEPT = 1000  # threads whose checked folders a run remembers at once
 
 
@@ -175,6 +176,7 @@ class InstallMover:
             refs[(ref.user_id, ref.thread_id)] = ref
         for ref in self._thread_folders():
             refs.setdefault((ref.user_id, ref.thread_id), ref)
+        refs = {key: ref for key, ref in refs.items() if len(ref.user_id) <= USER_ID_LENGTH}
         now = time.time()
         rows = []
         for ref in refs.values():
