@@ -301,7 +301,9 @@ def test_after_the_switch_a_local_instance_refuses_to_start(
     with pytest.raises(ConfigError, match="DEER_FLOW_STORAGE_BACKEND=s3"):
         resolve_thread_paths()
     monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
-    assert resolve_thread_paths().copies is not None  # set as told: it starts
+    copies = resolve_thread_paths().copies  # set as told: it starts
+    assert copies is not None and copies.records is not None
+    copies.records.engine.dispose()  # the agent side's own engine, made for this call
 
 
 def run_command(env: dict[str, str], base_dir: Path, *args: str) -> subprocess.Popen:
