@@ -35,9 +35,12 @@ def resolve_thread_paths(
     use_storage_group(settings.storage_group)  # the folders it creates: as the app's
     if settings.storage.backend != "local":
         # The folders as the app keeps them: a working copy of the bucket, by the records.
+        # The records are the app's database (`DATABASE_URL`), not the data dir's file.
         from deerflow_web.services.uploads.service import make_upload_service
+        from deerflow_web.storage.migrate import open_database
 
-        return make_upload_service(settings.base_dir, storage=settings.storage).paths
+        engine = open_database(settings.base_dir, settings.database_url)
+        return make_upload_service(settings.base_dir, engine=engine, storage=settings.storage).paths
     return ThreadPaths(settings.base_dir)
 
 

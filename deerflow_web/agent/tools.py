@@ -61,6 +61,7 @@ from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as 
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ArchiveLimits
+from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
 
@@ -104,8 +105,12 @@ class DocumentSource:
                 settings = load_settings(self._paths.base_dir)
                 self._archives = settings.archives
                 if self._jobs is None:
+                    # The app's database (`DATABASE_URL`): the jobs and records it keeps.
                     uploads = self._uploads or make_upload_service(
-                        self._paths.base_dir, settings.limits, storage=settings.storage
+                        self._paths.base_dir,
+                        settings.limits,
+                        open_database(self._paths.base_dir, settings.database_url),
+                        storage=settings.storage,
                     )
                     self._jobs = ConversionJobs(
                         uploads, settings.conversion, runs_jobs=settings.jobs.run_in_web
