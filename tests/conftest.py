@@ -310,6 +310,8 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
         if services.rescans is not None:
             services.rescans.stop()
         services.retention.stop()
+        if services.stale_uploads is not None:
+            services.stale_uploads.stop()
         services.engine.dispose()
 
 

@@ -118,3 +118,22 @@ def test_the_agent_side_keeps_its_folders_as_the_app_does(
     assert on_s3.copies is not None
     assert isinstance(on_s3.copies.store, S3ObjectStore)
     assert on_s3.copies.store.bucket == "files"
+
+
+def test_the_stale_upload_age_is_a_day_unless_set(tmp_path: Path) -> None:
+    assert settings_from(tmp_path, S3_CONFIG).s3.stale_upload_hours == 24.0
+    configured = S3_CONFIG + "    stale_upload_hours: 6\n"
+    assert settings_from(tmp_path, configured).s3.stale_upload_hours == 6.0
+    environ = {"DEER_FLOW_STORAGE_S3_STALE_UPLOAD_HOURS": "0.5"}
+    assert settings_from(tmp_path, configured, environ).s3.stale_upload_hours == 0.5
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "soon", "true"])
+def test_a_stale_upload_age_that_is_not_positive_keeps_the_default(
+    tmp_path: Path, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    configured = S3_CONFIG + f"    stale_upload_hours: {bad}\n"
+    assert settings_from(tmp_path, configured).s3.stale_upload_hours == 24.0
+    assert "storage.s3.stale_upload_hours" in caplog.text
+    environ = {"DEER_FLOW_STORAGE_S3_STALE_UPLOAD_HOURS": bad}
+    assert settings_from(tmp_path, S3_CONFIG, environ).s3.stale_upload_hours == 24.0
