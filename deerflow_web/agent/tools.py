@@ -38,6 +38,7 @@ from langchain_core.tools import ToolException
 from langchain_core.tools import tool
 
 from deerflow_web.agent.messages import state_value
+from deerflow_web.agent.runtime import app_database
 from deerflow_web.agent.runtime import auth_required
 from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
@@ -61,7 +62,6 @@ from deerflow_web.services.prompt.untrusted import neutralize_untrusted_tags as 
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ArchiveLimits
-from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
 
@@ -109,7 +109,7 @@ class DocumentSource:
                     uploads = self._uploads or make_upload_service(
                         self._paths.base_dir,
                         settings.limits,
-                        open_database(self._paths.base_dir, settings.database_url),
+                        app_database(self._paths.base_dir, settings.database_url),
                         storage=settings.storage,
                     )
                     self._jobs = ConversionJobs(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -36,9 +37,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from deerflow_web.agent import UploadTools
 from deerflow_web.storage.objects.s3 import S3ObjectStore
+from deerflow_web.storage.paths import is_staging_name
 from tests.helpers import AUTH_ON
 from tests.helpers import SERVER_TOKEN
 from tests.helpers import USER_ID
+from tests.helpers import auth_header_line
 from tests.helpers import provision_server_user
 from tests.helpers import uploads_dir
 from tests.helpers import wait_until
@@ -206,6 +209,31 @@ def files_sweep(server: LiveServer, **env: str) -> subprocess.CompletedProcess[s
     )
 
 
+def start_slow_upload(server: LiveServer, thread_id: str, name: str, size: int) -> socket.socket:
+    """A multipart upload of `size` bytes of which only the first MiB is sent: a client
+    still streaming. The caller closes the socket."""
+    boundary = "s3-processes-boundary"
+    head = (
+        f"--{boundary}\r\n"
+        f'Content-Disposition: form-data; name="files"; filename="{name}"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    request = (
+        f"POST /api/threads/{thread_id}/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"{auth_header_line()}Content-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: {len(head) + size + len(tail)}\r\n\r\n"
+    )
+    sock.sendall(request.encode() + head + secrets.token_bytes(MIB))
+    return sock
+
+
+def staging_files(server: LiveServer, thread_id: str) -> list[str]:
+    folder = uploads_dir(server.base_dir, thread_id)
+    return [p.name for p in folder.iterdir() if is_staging_name(p.name)] if folder.is_dir() else []
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -309,16 +337,21 @@ def test_a_killed_mid_push_leaves_nothing_listed_and_the_sweep_aborts_its_upload
             except requests.RequestException as error:
                 outcome.append(error)
 
+        # One client still streaming its file to A (on A's disk only, so far) ...
+        streaming = start_slow_upload(a, "K", "streaming.bin", 50 * MIB)
+        wait_until(lambda: staging_files(a, "K"), timeout=30)
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
-        # The client's bytes are all on A's disk; A's push to the bucket has begun.
+        # ... and one whose bytes are all on A's disk, A's push to the bucket begun.
         [stale] = wait_until(lambda: cluster.bucket.list_stale_uploads(), timeout=90)
         a.kill()
         sender.join(timeout=60)
+        streaming.close()
         assert outcome and not isinstance(outcome[0], int), outcome  # no answer came
 
         assert listing(b, "K") == {}
         assert download(b, "K", "cut.bin").status_code == 404
+        assert download(b, "K", "streaming.bin").status_code == 404
         assert [u.upload_id for u in cluster.bucket.list_stale_uploads()] == [stale.upload_id]
 
         # Younger than the age setting: kept, the sweep cannot tell it from a live one.
@@ -335,7 +368,9 @@ def test_a_killed_mid_push_leaves_nothing_listed_and_the_sweep_aborts_its_upload
         # B still works; A, restarted (on the direct road), too.
         assert upload(b, "K", "after.txt", b"after the crash").status_code == 200
         a.env = cluster.environment()
+        assert staging_files(a, "K")  # what the killed A was writing
         a.start()
+        assert staging_files(a, "K") == []  # cleared at start
         assert download(a, "K", "after.txt").content == b"after the crash"
         again = secrets.token_bytes(9 * MIB)
         assert upload(a, "K", "cut.bin", again).status_code == 200
