@@ -413,6 +413,8 @@ def test_with_the_bucket_down_the_same_processes_answer_503_then_serve_again(
             health = requests.get(f"{server.url}/healthz", timeout=10)
             assert health.status_code == 200
         assert sorted(listing(b, "D")) == ["kept.bin"]  # the records alone
+        assert staging_files(a, "D") == staging_files(b, "D") == []  # nothing half-made
+        assert not (uploads_dir(b.base_dir, "D") / "kept.bin").exists()
     finally:
         cluster.s3.start_again()
 
