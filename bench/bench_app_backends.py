@@ -86,6 +86,7 @@ PREFIX = "bench"
 AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"}
 LIST_FILES = 1000
 LIST_THREAD = "list-thread"
+FILL_PER_REQUEST = 100  # files per request while the list thread is filled (not timed)
 
 # Issue 29's goals.
 MIN_UPLOAD_RATIO = 0.5  # s3/local upload speed
@@ -214,7 +215,9 @@ def run(args: argparse.Namespace, plan: Plan, rounds: int, root: Path) -> int:
     config = root / "config.yaml"
     limit = plan.upload + 64 * MiB
     config.write_text(
-        f"uploads:\n  max_file_size: {limit}\n  max_total_size: {limit}\n", encoding="utf-8"
+        "uploads:\n"
+        f"  max_file_size: {limit}\n  max_total_size: {limit}\n  max_files: {FILL_PER_REQUEST}\n",
+        encoding="utf-8",
     )
     primer = Sizes(primer_dir=root)
     servers: list[LiveServer] = []
@@ -245,7 +248,9 @@ def run(args: argparse.Namespace, plan: Plan, rounds: int, root: Path) -> int:
         started = time.monotonic()
         with ThreadPoolExecutor(len(backends)) as pool:  # not timed: both at once
             fills = [
-                pool.submit(populate_list_thread, b.writer, LIST_THREAD, LIST_FILES, AUTH)
+                pool.submit(
+                    populate_list_thread, b.writer, LIST_THREAD, LIST_FILES, AUTH, FILL_PER_REQUEST
+                )
                 for b in backends
             ]
             for fill in fills:

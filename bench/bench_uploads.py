@@ -595,12 +595,17 @@ def upload_concurrent(target: Target, thread_id: str, sizes: Sizes) -> Sample:
 
 
 def populate_list_thread(
-    target: Target, thread_id: str, count: int, headers: dict[str, str] | None = None
+    target: Target,
+    thread_id: str,
+    count: int,
+    headers: dict[str, str] | None = None,
+    per_request: int = 10,
 ) -> None:
-    """Fill a thread with `count` small files through the API, ten per request."""
+    """Fill a thread with `count` small files through the API, `per_request` per request
+    (the default `uploads.max_files`)."""
     names = [f"doc-{i:04d}.txt" for i in range(count)]
-    for start in range(0, count, 10):
-        batch = [(name, 2 * KiB) for name in names[start : start + 10]]
+    for start in range(0, count, per_request):
+        batch = [(name, 2 * KiB) for name in names[start : start + per_request]]
         post_files(target.port, thread_id, batch, headers)
 
 
