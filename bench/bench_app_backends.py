@@ -125,10 +125,19 @@ def cpu_seconds(pids: list[int]) -> float:
     return sum(u + s for u, s in cpu_ticks(pids).values()) / CLK_TCK
 
 
-def upload_big(backend: Backend, weed: list[int], thread_id: str, size: int, primer: Sizes) -> str:
-    """The timed upload, split where the client sent its last byte; one line for the log."""
+def upload_big(
+    backend: Backend,
+    weed: list[int],
+    others: list[LiveServer],
+    thread_id: str,
+    size: int,
+    primer: Sizes,
+) -> str:
+    """The timed upload, split where the client sent its last byte; one line for the log.
+    `others`: the run's other servers, whose CPU meanwhile should be next to nothing."""
     server = backend.writer
     pids = process_tree(server.pid)
+    bystanders = [pid for other in others for pid in process_tree(other.pid)]
     prepare_write(primer, size)
     marks: dict[str, float] = {}
 
@@ -138,12 +147,14 @@ def upload_big(backend: Backend, weed: list[int], thread_id: str, size: int, pri
         )
 
     server_before, weed_before = cpu_seconds(pids), cpu_seconds(weed)
+    bystanders_before = cpu_seconds(bystanders)
     with measured(pids) as sample:
         started = time.perf_counter()
         post_files(server.port, thread_id, [("big.bin", size)], AUTH, on_sent)
     done = time.perf_counter()
     server_after, weed_after = cpu_seconds(pids), cpu_seconds(weed)
     sample.bytes = size
+    backend.add("upload_others_cpu", cpu_seconds(bystanders) - bystanders_before)
     backend.add("upload_mibs", sample.mibs)
     backend.add("upload_peak_rss_mib", sample.peak_rss / MiB)
     backend.add("upload_rss_growth_mib", sample.rss_growth / MiB)
@@ -271,7 +282,8 @@ def run(args: argparse.Namespace, plan: Plan, rounds: int, root: Path) -> int:
                 flush=True,
             )
             for backend in order:
-                line = upload_big(backend, weed_pids, f"r{number}-big", plan.upload, primer)
+                others = [s for s in servers if s is not backend.writer]
+                line = upload_big(backend, weed_pids, others, f"r{number}-big", plan.upload, primer)
                 print(f"  upload {plan.upload // MiB} MiB     {backend.name:<6} {line}", flush=True)
             for backend in order:
                 line = downloads(backend, f"r{number}-download", plan.download)
@@ -326,6 +338,7 @@ def rows(plan: Plan) -> list[tuple[str, str, str, str, bool]]:
         ("  after the body until the answer, s", "upload_after_s", "median", ".2f", False),
         ("    server CPU, s", "upload_after_server_cpu", "median", ".2f", False),
         ("    SeaweedFS CPU, s", "upload_after_weed_cpu", "median", ".2f", False),
+        ("  the other servers' CPU meanwhile, s", "upload_others_cpu", "max", ".2f", False),
         (f"download {down}, first, MiB/s", "download_first_mibs", "median", ".0f", True),
         (f"download {down}, repeat, MiB/s", "download_repeat_mibs", "median", ".0f", True),
         (
