@@ -417,6 +417,7 @@ class ThreadFolders:
         self._records: list[UploadRecord] | None = None
         self._history_dirs: dict[str, Path] = {}
         self._hydrated = paths.copies is None  # brought up to date with the bucket
+        self._history_hydrated: set[str] = set()
 
     @property
     def thread_id(self) -> str:
@@ -434,12 +435,6 @@ class ThreadFolders:
         except UnsafeFolder as error:
             self._unsafe = error
         self._walked = True
-        if not self._hydrated and self._unsafe is None:
-            # On the S3 backend, brought up to date with the bucket before any read.
-            self._hydrated = True  # first: hydrating uses the folders itself
-            copies = self.paths.copies
-            assert copies is not None
-            copies.hydrate(self)
 
     def _checked(self, path: Path) -> Path:
         """`path` (the thread folder or user-data), once the walk found it safe."""
@@ -481,6 +476,12 @@ class ThreadFolders:
         found = self._areas.get(area)
         if found is not None:
             return found
+        if area is Area.UPLOADS and not self._hydrated:
+            # On the S3 backend, brought up to date with the bucket before it is read.
+            self._hydrated = True  # first: hydrating uses the folders itself
+            copies = self.paths.copies
+            assert copies is not None
+            copies.hydrate(self)
         folder = self.user_data_dir() / area.value
         if self._user_data_exists:
             try:
@@ -514,6 +515,10 @@ class ThreadFolders:
         if found is None:
             found = self.paths.checked(self.thread_dir() / HISTORY_FOLDER / name)
             self._history_dirs[name] = found
+            copies = self.paths.copies
+            if copies is not None and name not in self._history_hydrated:
+                self._history_hydrated.add(name)  # first: hydrating uses the folder itself
+                copies.hydrate_history(self, name, found)
         return found
 
     def make_dirs(self, path: Path) -> list[Path]:
@@ -571,6 +576,8 @@ class ThreadFolders:
         area = relative.split("/", 1)[0]
         if area in _AREA_NAMES:
             self.area_dir(Area(area))  # a linked area is refused even when it stays inside
+        elif not self._hydrated:
+            self.area_dir(Area.UPLOADS)  # the root: a listing shows it, a search reaches in
         return self._inside(self.user_data_dir(), relative)
 
     def split_archive_path(self, resolved: Path) -> tuple[Path, str] | None:

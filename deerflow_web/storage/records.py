@@ -530,6 +530,23 @@ class DatabaseUploadRecords:
             finally:
                 self._local.txn = None
 
+    def reading(self) -> AbstractContextManager[Connection]:
+        """A connection to read other tables with: the open transaction's, else a pooled
+        one (a read made half-way through a write sees what the write did so far)."""
+        return self._connection()
+
+    @contextmanager
+    def locked_here(self, scope: str) -> Iterator[_Transaction]:
+        """`locked`, or the transaction this thread already holds (a write that, half-way,
+        needs the records read and written in its own transaction, not in a second one
+        waiting for the first)."""
+        current = getattr(self._local, "txn", None)
+        if current is not None:
+            yield _Transaction(current, scope, self.before_write)
+            return
+        with self.locked(scope) as txn:
+            yield txn
+
     def _write(self) -> AbstractContextManager[Connection]:
         current = getattr(self._local, "txn", None)
         if current is not None:
