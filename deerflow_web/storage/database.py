@@ -339,6 +339,21 @@ trashed_files = Table(
     Index("ix_trashed_files_expiry", "deleted_at"),
 )
 
+install_storage = Table(
+    "install_storage",
+    metadata,
+    # Where the install's file bytes live, once `storage migrate --to s3` moved them: one
+    # row (id 1), none while they never moved. Every process reads it at start-up
+    # (`storage/install_storage.py`), so no instance keeps writing to a disk of its own
+    # after the others serve from the bucket.
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("backend", String(16), nullable=False),  # "s3"
+    Column("bucket", Text),
+    Column("prefix", Text),
+    Column("endpoint_url", Text),
+    Column("moved_at", Float, nullable=False),
+)
+
 
 def insert_missing_threads(db: Connection, rows: list[dict[str, Any]]) -> None:
     """Rows of the `threads` table for threads that have none; a row already there (made

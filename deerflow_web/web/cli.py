@@ -2,6 +2,8 @@
 `flask --app app db upgrade`: migrate the shared database (SPEC 9);
 `flask --app app import-deerflow DIR`: adopt a DeerFlow data directory, once (doc C);
 `flask --app app files rescan`: scan stored files again for viruses;
+`flask --app app files sweep`: the retention sweep, and the bucket's unfinished uploads;
+`flask --app app storage migrate --to s3`: move a local install's files into the bucket;
 `flask --app app worker`: run only the background jobs, with no HTTP server.
 
 The commands use the same account rules as the pages and the API: a password the set-up
@@ -23,20 +25,30 @@ from flask.cli import AppGroup
 from flask.cli import with_appcontext
 
 from deerflow_web.errors import DeerFlowError
+from deerflow_web.errors import ObjectNotFound
 from deerflow_web.services.accounts.service import ADMIN
 from deerflow_web.services.accounts.service import USER
 from deerflow_web.services.threads.adopt import adopt_flat_threads
 from deerflow_web.services.uploads.deerflow_import import Owners
 from deerflow_web.services.uploads.deerflow_import import import_deerflow
+from deerflow_web.services.uploads.stale_uploads import StaleUploadSweeper
+from deerflow_web.settings import StorageSettings
+from deerflow_web.storage.install_storage import mark_moved
+from deerflow_web.storage.install_storage import settings_to_set
 from deerflow_web.storage.migrate import current_revision
 from deerflow_web.storage.migrate import upgrade_database
+from deerflow_web.storage.objects import make_object_store
+from deerflow_web.storage.objects.move import InstallMover
+from deerflow_web.storage.objects.move import LocalFile
+from deerflow_web.storage.objects.move import MoveReport
 from deerflow_web.web.wiring import get_services
 
 logger = logging.getLogger(__name__)
 
 db_cli = AppGroup("db", help="The shared database: apply its migrations.")
-files_cli = AppGroup("files", help="Stored files: rescan them for viruses.")
+files_cli = AppGroup("files", help="Stored files: rescan them for viruses, sweep them.")
 users_cli = AppGroup("users", help="Manage accounts: create users, API tokens, adopt threads.")
+storage_cli = AppGroup("storage", help="Where file bytes live: move an install into a bucket.")
 
 
 def _read_password() -> str:
@@ -120,8 +132,15 @@ def rescan_files(everything: bool) -> None:
 def sweep_files() -> None:
     """Run one retention sweep now: the threads untouched for `retention.thread_days`
     (never one with an upload in progress) have their files moved to the trash, and are
-    removed once that trash has expired."""
-    retention = get_services().retention
+    removed once that trash has expired. On the S3 backend, first abort the multipart
+    uploads older than `storage.s3.stale_upload_hours` that killed processes left
+    unfinished in the bucket."""
+    services = get_services()
+    retention = services.retention
+    if services.stale_uploads is not None:
+        _sweep_stale_uploads(services.stale_uploads)
+        if not retention.enabled:
+            return
     if not retention.enabled:
         raise click.ClickException(
             "Retention is off: set retention.thread_days in config.yaml first."
@@ -138,6 +157,21 @@ def sweep_files() -> None:
     click.echo(report.summary())
 
 
+def _sweep_stale_uploads(sweeper: StaleUploadSweeper) -> None:
+    try:
+        aborted = sweeper.sweep()
+    except DeerFlowError as error:
+        _fail(error)
+    if aborted is None:
+        raise click.ClickException(
+            "Another instance is sweeping the bucket right now; try again later."
+        )
+    click.echo(
+        f"stale upload sweep: {aborted} unfinished upload(s) older than "
+        f"{sweeper.older_than_seconds / 3600:g} h aborted in the bucket"
+    )
+
+
 @db_cli.command("upgrade")
 def upgrade_db() -> None:
     """Apply the migrations (and import the files of earlier releases) under the lock.
@@ -150,6 +184,101 @@ def upgrade_db() -> None:
     with services.engine.connect() as connection:
         revision = current_revision(connection)
     click.echo(f"Database at revision {revision} ({services.engine.url.render_as_string()})")
+
+
+@storage_cli.command("migrate")
+@click.option(
+    "--to",
+    "target",
+    type=click.Choice(["s3"]),
+    required=True,
+    help="The backend to move to: the bucket of storage.s3.*.",
+)
+@click.option(
+    "--every",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Print a progress line every N files.",
+)
+@click.option(
+    "--no-switch",
+    is_flag=True,
+    help="Copy and verify only; the install stays on its disk (a first pass while it serves).",
+)
+def migrate_storage(target: str, every: int, no_switch: bool) -> None:
+    """Copy every file of this install into the bucket of storage.s3.*, verify each
+    SHA-256, then mark the install as moved.
+
+    Every upload, earlier version and trash entry the database names is copied to the
+    bucket unless it is there already, so a run cut off is finished by the next one. A
+    file whose bytes do not match its record, or that is missing, is reported and not
+    copied: the command then exits non-zero and does not switch. Once it switches, an
+    instance still set to storage.backend: local refuses to start.
+    """
+    services = get_services()
+    settings = services.settings
+    s3 = settings.storage.s3
+    if not s3.bucket:
+        raise click.ClickException(
+            "storage.s3.bucket (or DEER_FLOW_STORAGE_S3_BUCKET) must name the bucket to move "
+            "the files into; storage.s3.endpoint_url, region and prefix are read as well"
+        )
+    try:
+        store = make_object_store(StorageSettings(target, s3), settings.base_dir)
+        ping = getattr(store, "ping", None)
+        if ping is not None:
+            try:
+                ping()  # reachable, the bucket there, the credentials taken: before any file
+            except ObjectNotFound as error:
+                raise click.ClickException(
+                    f"The bucket {s3.bucket} does not exist"
+                    + (f" at {s3.endpoint_url}" if s3.endpoint_url else "")
+                    + ": create it first (the app never creates buckets)"
+                ) from error
+        mover = InstallMover(services.engine, settings.base_dir, store)
+        click.echo(
+            f"Moving the files of {settings.base_dir} into the bucket {s3.bucket}"
+            + (f" (prefix {s3.prefix})" if s3.prefix else "")
+        )
+
+        def progress(report: MoveReport, _local: LocalFile) -> None:
+            if report.files % every == 0:
+                click.echo(report.summary())
+
+        report = mover.run(progress)
+    except DeerFlowError as error:
+        raise click.ClickException(
+            f"{error} (nothing copied so far is lost: run the command again)"
+        ) from error
+    for failure in report.failures:
+        click.echo(f"not copied: {failure.describe()}", err=True)
+    click.echo(f"{report.threads} thread(s), each with its row in the database")
+    if report.swept:
+        click.echo(f"{report.swept} unfinished upload(s) of an earlier run aborted")
+    click.echo(f"Done: {report.summary()}")
+    if not report.complete:
+        raise click.ClickException(
+            f"{len(report.failures)} file(s) do not match their records or are missing, so "
+            "the install was not switched: restore or delete them, then run the command again"
+        )
+    if report.copied == 0:
+        click.echo("Nothing to copy: the bucket holds every file already.")
+    if no_switch:
+        click.echo(
+            "Every file is in the bucket and verified; not switched (--no-switch). Stop the "
+            "instances and run the command again without --no-switch to copy what changed "
+            "meanwhile and switch."
+        )
+        return
+    moved = mark_moved(services.engine, s3)
+    click.echo(
+        "Every file is in the bucket and verified: the install is now marked as moved. "
+        "Set on every instance, then restart them:"
+    )
+    for line in settings_to_set(moved):
+        click.echo(f"  {line}")
+    click.echo("An instance still set to storage.backend: local refuses to start.")
 
 
 def _account_id(email: str) -> str:
@@ -216,9 +345,9 @@ def import_deerflow_command(
 @click.command("worker")
 @with_appcontext
 def worker_command() -> None:
-    """Run only the background jobs: conversions and OCR, the rescans (with scanning on)
-    and the retention sweeps (with retention on), with no HTTP server, until SIGTERM or
-    SIGINT.
+    """Run only the background jobs: conversions and OCR, the rescans (with scanning on),
+    the retention sweeps (with retention on) and the sweeps of unfinished uploads in the
+    bucket (on S3), with no HTTP server, until SIGTERM or SIGINT.
 
     Web instances with `jobs.run_in_web: false` record the jobs in the shared database and
     any number of workers run them. On SIGTERM a worker takes no more jobs, hands back the
@@ -275,5 +404,6 @@ def init_app(app: Flask) -> None:
     app.cli.add_command(users_cli)
     app.cli.add_command(db_cli)
     app.cli.add_command(files_cli)
+    app.cli.add_command(storage_cli)
     app.cli.add_command(import_deerflow_command)
     app.cli.add_command(worker_command)

@@ -11,6 +11,7 @@ from pathlib import Path
 from flask import Flask
 from flask import current_app
 
+from deerflow_web.errors import ConfigError
 from deerflow_web.errors import NotAuthenticated
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.services.accounts.service import AccountService
@@ -37,7 +38,9 @@ from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.services.uploads.resumable import make_resumable_service
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
+from deerflow_web.services.uploads.stale_uploads import StaleUploadSweeper
 from deerflow_web.settings import Settings
+from deerflow_web.storage.install_storage import refuse_local_after_move
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.migrate import open_database
@@ -60,6 +63,12 @@ class Services:
         self.settings = settings
         # One engine per process, shared by every store (SPEC 9); migrated before first use.
         self.engine = open_database(settings.base_dir, settings.database_url)
+        # An install whose bytes moved to a bucket never serves from this disk again.
+        try:
+            refuse_local_after_move(self.engine, settings.storage)
+        except ConfigError:
+            self.engine.dispose()  # the process stops: its connections with it
+            raise
         # Virus scanning (issue: scan before anyone sees it): None unless configured.
         self.scanner: Scanner | None = make_scanner(settings.scanning)
         self.scan_events = ScanEvents(self.engine)
@@ -120,6 +129,15 @@ class Services:
             interval_seconds=settings.retention.sweep_interval_minutes * 60,
             trash=self.history.trash_bin,
         )
+        # On S3: the multipart uploads killed processes left in the bucket, swept.
+        self.stale_uploads: StaleUploadSweeper | None = None
+        copies = self.uploads.paths.copies
+        if copies is not None:
+            self.stale_uploads = StaleUploadSweeper(
+                copies.store,
+                JobLeases(self.engine),
+                settings.storage.s3.stale_upload_hours * 3600,
+            )
         # Conversions, rescans and sweeps: started here unless `jobs.run_in_web` is off, run
         # by `flask --app app worker` either way.
         self.jobs = BackgroundJobs(
@@ -128,6 +146,7 @@ class Services:
             rescans=self.rescans,
             rescan_interval_seconds=settings.scanning.rescan_interval_seconds,
             retention=self.retention,
+            stale_uploads=self.stale_uploads,
         )
         self.thumbnails = Thumbnails(settings.base_dir)
         self._accounts: AccountService | None = None

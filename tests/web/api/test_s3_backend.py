@@ -142,7 +142,6 @@ def test_the_services_use_the_bucket(instances: tuple[Instance, Instance]) -> No
     services = a.app.extensions[EXTENSION_KEY]
     assert services.uploads.paths.copies is not None
     assert services.uploads.paths.copies.store.name == "s3"
-    assert USER_ID  # the layout of the mode: per user when accounts are on
 
 
 def test_a_version_kept_on_one_instance_is_served_and_restored_on_the_other(
