@@ -93,13 +93,19 @@ class StartUp:
         self._retrier = threading.Thread(target=self._retry, name="database-start-up", daemon=True)
         self._retrier.start()
 
-    def attempt(self) -> bool:
-        """Try the work once unless it ran already; whether it has run now.
+    def attempt(self, wait_seconds: float | None = None) -> bool:
+        """Try the work once unless it ran already; whether it has run now. With
+        `wait_seconds`, an attempt already under way is waited for that long at most, and
+        then not repeated.
 
         Raises:
             ConfigError: The database refused the URL's user, password or database.
         """
-        with self._lock:
+        if self._done.is_set():
+            return True
+        if not self._lock.acquire(timeout=-1 if wait_seconds is None else wait_seconds):
+            return self._done.is_set()
+        try:
             if self._done.is_set():
                 return True
             try:
@@ -111,6 +117,8 @@ class StartUp:
                 return False
             self._done.set()
             callbacks, self._then = self._then, []
+        finally:
+            self._lock.release()
         if self.failures:
             logger.warning(
                 "database %s answers again: start-up finished after %d attempt(s) over %.0f s",
@@ -121,6 +129,16 @@ class StartUp:
         for callback in callbacks:
             callback()
         return True
+
+    def attempt_for_a_request(self, wait_seconds: float) -> bool:
+        """`attempt` for a request that arrives while start-up waits: it tries now rather
+        than at the next retry, as a running instance's request reconnects at once, so the
+        first request after the database is back is served. Never raises: the retrier
+        logs what goes wrong, once a minute."""
+        try:
+            return self.attempt(wait_seconds)
+        except Exception:  # noqa: BLE001 - answered 503; the retrier reports it
+            return False
 
     def then(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the work has run: now if it has."""

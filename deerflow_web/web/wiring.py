@@ -44,6 +44,7 @@ from deerflow_web.services.uploads.resumable import make_resumable_service
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import Settings
+from deerflow_web.storage.database import CONNECT_TIMEOUT_SECONDS
 from deerflow_web.storage.database import default_database_url
 from deerflow_web.storage.database import make_engine
 from deerflow_web.storage.job_leases import JobLeases
@@ -160,7 +161,9 @@ class Services:
             )
 
     def ping_database(self) -> None:
-        """Raise unless the database answers and start-up has run (readiness)."""
+        """Raise unless the database answers and start-up has run (readiness); a probe
+        while start-up waits tries it at once, as a request does."""
+        self.startup.attempt_for_a_request(CONNECT_TIMEOUT_SECONDS)
         self.startup.check()
         self.uploads.records.ping()
 
@@ -228,6 +231,8 @@ def init_app(app: Flask, settings: Settings) -> None:
     def refuse_until_started() -> None:
         if services.startup.done or request_has(PROBE) or request.endpoint == STATIC_ENDPOINT:
             return
+        if services.startup.attempt_for_a_request(CONNECT_TIMEOUT_SECONDS):
+            return  # the database is back: this request is served
         # Answered before the sign-in gate runs: nobody is signed in for this request, and
         # its error page asks the database (not migrated yet, perhaps) nothing.
         g.signed_in_user = None

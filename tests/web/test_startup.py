@@ -24,6 +24,7 @@ from deerflow_web.storage.migrate import current_revision
 from deerflow_web.storage.migrate import head_revision
 from deerflow_web.web import create_app
 from deerflow_web.web.wiring import EXTENSION_KEY
+from tests.helpers import AUTH_ON
 from tests.helpers import prepare_test_app
 from tests.helpers import uploads_dir
 from tests.helpers import wait_until
@@ -115,6 +116,23 @@ def test_an_app_built_while_postgresql_is_down_answers_503_then_starts_when_it_i
     listed = client.get("/api/threads/T/uploads/list")
     assert [f["filename"] for f in listed.get_json()["files"]] == ["a.txt"]
     assert (uploads_dir(base_dir, "T") / "a.txt").read_bytes() == b"x"
+
+
+def test_the_first_request_after_the_database_is_back_is_served_without_waiting_for_a_retry(
+    build: Callable[[str], Flask], stopped_postgres: str, own_postgres: PostgresServer
+) -> None:
+    app = build(stopped_postgres)
+    startup = app.extensions[EXTENSION_KEY].startup
+    startup.close()  # no background retry from now on: only requests try
+    client = app.test_client()
+    assert client.get("/api/threads/T/uploads/list").status_code == 503
+    own_postgres.start_server()
+    assert not startup.done
+    listing = client.get("/api/threads/T/uploads/list")
+    # Served: the sign-in gate answers with accounts on (nobody is signed in), the
+    # listing without them.
+    assert listing.status_code == (401 if AUTH_ON else 200), listing.get_json()
+    assert startup.done
 
 
 def test_a_command_run_while_the_database_is_down_does_nothing_and_says_why(
