@@ -9,6 +9,7 @@ a real, empty database to migrate.
 from __future__ import annotations
 
 import io
+import socket
 import subprocess
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -159,6 +160,33 @@ def test_callbacks_wait_for_the_start_up_and_run_once_it_is_done(
     assert ran == [True]
     startup.then(lambda: ran.append(True))  # done already: at once
     assert ran == [True, True]
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that takes connections and never says a word: PostgreSQL's connect timeout."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("outage", ["refused", "silent", "unresolved"])
+def test_a_server_out_of_reach_at_start_is_waited_for(
+    build: Callable[[str], Flask], silent_port: int, outage: str
+) -> None:
+    """Refused, timed out, a host not resolving (yet): an outage, never a reason to stop."""
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        closed_port = closed.getsockname()[1]
+    host, port = {
+        "refused": ("127.0.0.1", closed_port),
+        "silent": ("127.0.0.1", silent_port),
+        "unresolved": ("db.deerflow-test.invalid", 5432),
+    }[outage]
+    app = build(f"postgresql+psycopg://deerflow@{host}:{port}/deerflow")
+    startup = app.extensions[EXTENSION_KEY].startup
+    startup.close()  # no more retries: the attempt made while building decided
+    assert not startup.done
+    assert startup.failures >= 1  # the attempt made while building, perhaps a retry
+    assert app.test_client().get("/healthz").status_code == 200
 
 
 @pytest.mark.parametrize(
