@@ -490,25 +490,6 @@ class StorageSettings:
         return cls(backend=backend, s3=settings)
 
 
-# Until uploads, downloads, previews and the agent's tools read and write through the object
-# store, an app on `s3` would keep every file on this machine's disk: it does not start.
-S3_NOT_SERVED = (
-    "storage.backend: s3 is not served yet: uploads, downloads and the agent's tools still "
-    "keep files in the data dir, so this instance would store them on its own disk, not in "
-    "the bucket. Set storage.backend: local (the default) for now."
-)
-
-
-def refuse_unserved_storage(storage: StorageSettings) -> None:
-    """Stop start-up when the configured backend is one the app does not serve yet.
-
-    Raises:
-        ConfigError: `storage.backend` is `s3`.
-    """
-    if storage.backend != "local":
-        raise ConfigError(S3_NOT_SERVED)
-
-
 @dataclass(frozen=True)
 class AuthSettings:
     """Accounts (SPEC 7.1): on unless DEER_FLOW_AUTH_DISABLED=1 or `auth.enabled: false`."""

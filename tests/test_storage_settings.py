@@ -9,14 +9,12 @@ import pytest
 
 from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.errors import ConfigError
-from deerflow_web.settings import S3_NOT_SERVED
 from deerflow_web.settings import S3Settings
 from deerflow_web.settings import StorageSettings
 from deerflow_web.settings import load_settings
 from deerflow_web.storage.objects import make_object_store
 from deerflow_web.storage.objects.disk import DiskObjectStore
 from deerflow_web.storage.objects.s3 import S3ObjectStore
-from deerflow_web.web import create_app
 
 S3_CONFIG = """\
 storage:
@@ -99,36 +97,24 @@ def test_unusable_storage_settings_stop_start_up(tmp_path: Path, text: str, mess
         make_object_store(storage, tmp_path)
 
 
-def test_the_app_refuses_to_start_on_s3_until_it_serves_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text(S3_CONFIG, encoding="utf-8")
-    with pytest.raises(ConfigError) as refused:
-        create_app(
-            {"TESTING": True, "BASE_DIR": str(tmp_path / "data"), "CONFIG_PATH": str(config)}
-        )
-    assert str(refused.value) == S3_NOT_SERVED
-    assert str(refused.value).startswith("storage.backend: s3 is not served yet")
-    assert not (tmp_path / "data").exists()  # refused before anything was created
-    monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
-    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "files")
-    with pytest.raises(ConfigError, match="is not served yet"):
-        create_app({"TESTING": True, "BASE_DIR": str(tmp_path / "data")})
-
-
 def test_the_example_config_keeps_the_local_disk() -> None:
     example = Path(__file__).resolve().parents[1] / "config.example.yaml"
     storage = load_settings(config_path=example, environ={}).storage
     assert storage == StorageSettings("local", S3Settings(presigned_downloads=False))
 
 
-def test_the_agent_side_refuses_s3_as_the_app_does(
+def test_the_agent_side_keeps_its_folders_as_the_app_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DEER_FLOW_HOME", str(tmp_path / "data"))
-    assert resolve_thread_paths().base_dir == (tmp_path / "data").resolve()
+    local = resolve_thread_paths()
+    assert local.base_dir == (tmp_path / "data").resolve()
+    assert local.copies is None  # the data dir is the store itself
     monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
     monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "files")
-    with pytest.raises(ConfigError, match="is not served yet"):
-        resolve_thread_paths()
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    on_s3 = resolve_thread_paths()
+    # A working copy of the bucket, kept by the records as the app's is.
+    assert on_s3.copies is not None
+    assert isinstance(on_s3.copies.store, S3ObjectStore)
+    assert on_s3.copies.store.bucket == "files"

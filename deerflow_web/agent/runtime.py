@@ -30,11 +30,14 @@ def resolve_thread_paths(
     if base_dir is not None:
         return ThreadPaths(base_dir)
     from deerflow_web.settings import load_settings  # reads config.yaml: only when needed
-    from deerflow_web.settings import refuse_unserved_storage
 
     settings = load_settings()
-    refuse_unserved_storage(settings.storage)  # as the app: no files on disk meant for S3
     use_storage_group(settings.storage_group)  # the folders it creates: as the app's
+    if settings.storage.backend != "local":
+        # The folders as the app keeps them: a working copy of the bucket, by the records.
+        from deerflow_web.services.uploads.service import make_upload_service
+
+        return make_upload_service(settings.base_dir, storage=settings.storage).paths
     return ThreadPaths(settings.base_dir)
 
 

@@ -105,7 +105,7 @@ class DocumentSource:
                 self._archives = settings.archives
                 if self._jobs is None:
                     uploads = self._uploads or make_upload_service(
-                        self._paths.base_dir, settings.limits
+                        self._paths.base_dir, settings.limits, storage=settings.storage
                     )
                     self._jobs = ConversionJobs(
                         uploads, settings.conversion, runs_jobs=settings.jobs.run_in_web

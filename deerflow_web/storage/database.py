@@ -45,6 +45,8 @@ from sqlalchemy import Table
 from sqlalchemy import Text
 from sqlalchemy import create_engine
 from sqlalchemy import event
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import OperationalError
@@ -336,6 +338,14 @@ trashed_files = Table(
     Index("ix_trashed_files_scope", "scope", "deleted_at"),
     Index("ix_trashed_files_expiry", "deleted_at"),
 )
+
+
+def insert_missing_threads(db: Connection, rows: list[dict[str, Any]]) -> None:
+    """Rows of the `threads` table for threads that have none; a row already there (made
+    meanwhile by another request or instance) is kept as it is."""
+    if rows:
+        dialect_insert = pg_insert if db.dialect.name == "postgresql" else sqlite_insert
+        db.execute(dialect_insert(threads).values(rows).on_conflict_do_nothing())
 
 
 def seed_record_versions(db: Connection) -> None:

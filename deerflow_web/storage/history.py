@@ -154,6 +154,12 @@ def versions_of(db: Connection, scope: str, area: str, filename: str) -> list[Fi
     return [FileVersion(*row) for row in rows]
 
 
+def versions_in(db: Connection, scope: str) -> list[FileVersion]:
+    """Every version the thread keeps, of every file and area."""
+    rows = db.execute(select(*_VERSION_COLUMNS).where(file_versions.c.scope == scope))
+    return [FileVersion(*row) for row in rows]
+
+
 def version_of(
     db: Connection, scope: str, area: str, filename: str, version_id: str
 ) -> FileVersion | None:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from pathlib import Path
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 from typing import NamedTuple
 
 from deerflow_web.errors import ArtifactPrefixError
@@ -42,6 +43,9 @@ from deerflow_web.models import validate_user_id
 _UNSAFE_USER_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 
 DEFAULT_USER_ID = "default"
+
+if TYPE_CHECKING:
+    from deerflow_web.storage.objects.working_copy import WorkingCopies
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +236,9 @@ class ThreadPaths:
 
     def __init__(self, base_dir: str | os.PathLike[str]) -> None:
         self.base_dir = Path(base_dir).resolve()
+        # With `storage.backend: s3`, what keeps the folders true to the bucket before
+        # they are read (`storage/objects/working_copy.py`); None on the local backend.
+        self.copies: WorkingCopies | None = None
 
     def _thread_dir(self, ref: ThreadRef) -> Path:
         if ref.is_single_user:
@@ -409,6 +416,8 @@ class ThreadFolders:
         self._existing: set[Path] = set()
         self._records: list[UploadRecord] | None = None
         self._history_dirs: dict[str, Path] = {}
+        self._hydrated = paths.copies is None  # brought up to date with the bucket
+        self._history_hydrated: set[str] = set()
 
     @property
     def thread_id(self) -> str:
@@ -467,6 +476,12 @@ class ThreadFolders:
         found = self._areas.get(area)
         if found is not None:
             return found
+        if area is Area.UPLOADS and not self._hydrated:
+            # On the S3 backend, brought up to date with the bucket before it is read.
+            self._hydrated = True  # first: hydrating uses the folders itself
+            copies = self.paths.copies
+            assert copies is not None
+            copies.hydrate(self)
         folder = self.user_data_dir() / area.value
         if self._user_data_exists:
             try:
@@ -500,6 +515,10 @@ class ThreadFolders:
         if found is None:
             found = self.paths.checked(self.thread_dir() / HISTORY_FOLDER / name)
             self._history_dirs[name] = found
+            copies = self.paths.copies
+            if copies is not None and name not in self._history_hydrated:
+                self._history_hydrated.add(name)  # first: hydrating uses the folder itself
+                copies.hydrate_history(self, name, found)
         return found
 
     def make_dirs(self, path: Path) -> list[Path]:
@@ -557,6 +576,8 @@ class ThreadFolders:
         area = relative.split("/", 1)[0]
         if area in _AREA_NAMES:
             self.area_dir(Area(area))  # a linked area is refused even when it stays inside
+        elif not self._hydrated:
+            self.area_dir(Area.UPLOADS)  # the root: a listing shows it, a search reaches in
         return self._inside(self.user_data_dir(), relative)
 
     def split_archive_path(self, resolved: Path) -> tuple[Path, str] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -345,12 +346,19 @@ def _read_one(db: Connection, scope: str, filename: str) -> StoredRecord | None:
     return _to_stored(tuple(row)) if row else None
 
 
+# Told the records a write is about to store, in its transaction (see `DatabaseUploadRecords`).
+BeforeWrite = Callable[[str, Iterable["StoredRecord"]], None]
+
+
 class _Transaction:
     """`RecordsTransaction` on the connection that holds the scope's lock."""
 
-    def __init__(self, connection: Connection, scope: str) -> None:
+    def __init__(
+        self, connection: Connection, scope: str, before_write: BeforeWrite | None = None
+    ) -> None:
         self._db = self.connection = connection
         self._scope = scope
+        self._before_write = before_write
 
     def get(self, filename: str) -> StoredRecord | None:
         return _read_one(self._db, self._scope, filename)
@@ -389,10 +397,15 @@ class _Transaction:
         return [_to_stored(tuple(row)) for row in rows]
 
     def put(self, stored: StoredRecord) -> None:
+        if self._before_write is not None:
+            self._before_write(self._scope, (stored,))
         self._db.execute(_UPSERT[self._db.dialect.name], _values(self._scope, stored))
 
     def put_many(self, stored: Iterable[StoredRecord]) -> None:
         """`put` each, in one statement run over all of them."""
+        stored = list(stored)
+        if self._before_write is not None and stored:
+            self._before_write(self._scope, stored)
         values = [_values(self._scope, one) for one in stored]
         if values:
             self._db.execute(_UPSERT[self._db.dialect.name], values)
@@ -417,8 +430,12 @@ class DatabaseUploadRecords:
     inside `locked` see the rows it has not committed yet.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, before_write: BeforeWrite | None = None) -> None:
         self.engine = engine
+        # Called with the records about to be written, inside their transaction: the S3
+        # backend stores the bytes each describes there (`working_copy`), so no record is
+        # ever committed for bytes the bucket lacks.
+        self.before_write = before_write
         self._sqlite = is_sqlite(engine)
         self._local = threading.local()  # the connection of an open transaction, if any
         # PostgreSQL: scope -> (record_versions.version, records), checked on every read.
@@ -509,9 +526,26 @@ class DatabaseUploadRecords:
             _bump_version(db, scope)  # commits (or rolls back) with the records
             self._local.txn = db
             try:
-                yield _Transaction(db, scope)
+                yield _Transaction(db, scope, self.before_write)
             finally:
                 self._local.txn = None
+
+    def reading(self) -> AbstractContextManager[Connection]:
+        """A connection to read other tables with: the open transaction's, else a pooled
+        one (a read made half-way through a write sees what the write did so far)."""
+        return self._connection()
+
+    @contextmanager
+    def locked_here(self, scope: str) -> Iterator[_Transaction]:
+        """`locked`, or the transaction this thread already holds (a write that, half-way,
+        needs the records read and written in its own transaction, not in a second one
+        waiting for the first)."""
+        current = getattr(self._local, "txn", None)
+        if current is not None:
+            yield _Transaction(current, scope, self.before_write)
+            return
+        with self.locked(scope) as txn:
+            yield txn
 
     def _write(self) -> AbstractContextManager[Connection]:
         current = getattr(self._local, "txn", None)
@@ -555,6 +589,8 @@ class DatabaseUploadRecords:
         r = stored.record
         with self._write() as db:
             _bump_version(db, scope)
+            if self.before_write is not None:
+                self.before_write(scope, (stored,))
             result = db.execute(
                 update(uploads)
                 .where(uploads.c.scope == scope, uploads.c.filename == r.filename)

@@ -10,7 +10,6 @@ from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from deerflow_web.settings import load_settings
-from deerflow_web.settings import refuse_unserved_storage
 from deerflow_web.web.json_provider import AppRequest
 from deerflow_web.web.json_provider import OrjsonProvider
 
@@ -40,7 +39,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     overrides = dict(test_config or {})
     settings = load_settings(overrides.get("BASE_DIR"), config_path=overrides.get("CONFIG_PATH"))
-    refuse_unserved_storage(settings.storage)
     app = Flask(
         __name__,
         template_folder=str(PROJECT_ROOT / "templates"),

@@ -80,8 +80,14 @@ class Services:
         self.scan_events = ScanEvents(self.engine)
         # Storage quotas (issue 27): checked in the transaction of every write they bound.
         self.quotas = QuotaPolicy(self.engine, settings.quotas.default_bytes)
+        # On `storage.backend: s3` the data dir is this instance's copy of the bucket.
         self.uploads: UploadService = make_upload_service(
-            settings.base_dir, settings.limits, self.engine, self.scanner, self.quotas
+            settings.base_dir,
+            settings.limits,
+            self.engine,
+            self.scanner,
+            self.quotas,
+            storage=settings.storage,
         )
         # Versions on every replace, the trash on every delete (issue 27).
         self.history: ThreadHistory = make_history(

@@ -54,9 +54,16 @@ class CheckedFile:
         return f"{facts.inode:x}-{facts.size:x}-{facts.mtime_ns:x}-{facts.ctime_ns:x}"
 
 
-def describes(stored: StoredRecord, facts: FileFacts) -> bool:
+def describes(stored: StoredRecord, facts: FileFacts, *, working_copy: bool = False) -> bool:
     """Whether a record was written for the file as it is now (a record without a ctime,
-    from an earlier release, never counts: its file is hashed once)."""
+    from an earlier release, never counts: its file is hashed once).
+
+    A `working_copy` (the S3 backend's data dir) was written by this instance, or fetched
+    and given its record's mtime, so there size and mtime tell: its inode and ctime are
+    this machine's, never the ones the record was written with.
+    """
+    if working_copy:
+        return (stored.record.size, stored.mtime_ns) == (facts.size, facts.mtime_ns)
     return stored.ctime_ns is not None and (
         stored.record.size,
         stored.mtime_ns,
@@ -122,7 +129,7 @@ def checked_record(
     if stored is None:
         return None
     facts = facts_of(info)
-    if describes(stored, facts):
+    if describes(stored, facts, working_copy=uploads.paths.copies is not None):
         return stored.record
     sha256, content_type = off_loop(hash_and_sniff_open, fd, filename)
     if facts_of(os.fstat(fd)) != facts:

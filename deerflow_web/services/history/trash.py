@@ -271,7 +271,8 @@ class Trash:
                 raise TrashEntryNotFound(trash_id)
             delete_trashed(txn.connection, folders.scope, [trash_id])
         remove_quietly([folders.trash_dir() / trash_id])
-        self.purge_expired(folders)
+        if not self.purge_expired(folders):
+            self.uploads.collect_garbage(folders.scope)
 
     def empty(self, thread: Thread) -> int:
         """Delete every entry of the thread's trash for good; return how many went."""
@@ -280,6 +281,7 @@ class Trash:
             entries = trashed_in(txn.connection, folders.scope)
             delete_trashed(txn.connection, folders.scope, [e.trash_id for e in entries])
         remove_quietly([folders.trash_dir() / e.trash_id for e in entries])
+        self.uploads.collect_garbage(folders.scope)
         return len(entries)
 
     # --- expiry -------------------------------------------------------------------------------
@@ -294,6 +296,7 @@ class Trash:
         with self.uploads.records.locked(folders.scope) as txn:
             delete_trashed(txn.connection, folders.scope, expired)
         remove_quietly([folders.trash_dir() / trash_id for trash_id in expired])
+        self.uploads.collect_garbage(folders.scope)
         return len(expired)
 
     def purge_expired_trash(self, now: float | None = None) -> int:
@@ -309,6 +312,7 @@ class Trash:
             # sum of the thread, which counts the trash, is read afresh.
             with self.uploads.records.locked(scope) as txn:
                 delete_trashed(txn.connection, scope, [trash_id])
+            self.uploads.collect_garbage(scope)
             try:
                 folder = paths.folders(paths.parse_scope(scope)).trash_dir()
             except (ValueError, OSError) as error:

@@ -31,8 +31,6 @@ from sqlalchemy import delete
 from sqlalchemy import insert
 from sqlalchemy import select
 from sqlalchemy import update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from deerflow_web.errors import InvalidInput
@@ -43,6 +41,7 @@ from deerflow_web.models import Area
 from deerflow_web.models import ThreadRef
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.uploads.service import UploadService
+from deerflow_web.storage.database import insert_missing_threads
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import threads
 from deerflow_web.storage.database import write_transaction
@@ -208,6 +207,10 @@ class ThreadCatalog:
         return None if row is None else _record(row)
 
     def _has_folder(self, thread: Thread) -> bool:
+        if self._uploads.paths.copies is not None:
+            # On the S3 backend a folder is one instance's copy; the database alone says
+            # which threads exist (an upload makes the row: `UploadService._commit`).
+            return False
         return self._uploads.folders(thread).thread_dir().is_dir()  # a link is refused
 
     def exists(self, thread: Thread) -> bool:
@@ -244,7 +247,10 @@ class ThreadCatalog:
         """Every thread of the user (folders adopted), most recently updated first."""
         records = self._rows(user_id)
         known = {record.thread_id for record in records}
-        missing = [t for t in self.paths.iter_thread_ids(user_id) if t not in known]
+        if self._uploads.paths.copies is not None:
+            missing = []  # folders are copies there (see `_has_folder`)
+        else:
+            missing = [t for t in self.paths.iter_thread_ids(user_id) if t not in known]
         if missing:
             self._adopt_folders(user_id, missing)
             records = self._rows(user_id)
@@ -288,9 +294,8 @@ class ThreadCatalog:
             )
         if not values:
             return
-        dialect_insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
         with write_transaction(self.engine) as db:
-            db.execute(dialect_insert(threads).values(values).on_conflict_do_nothing())
+            insert_missing_threads(db, values)
 
     def _insert(self, user_id: str, record: ThreadRecord) -> bool:
         """Insert a row; False when the user already has the thread (same key)."""
@@ -417,6 +422,9 @@ class ThreadCatalog:
             )
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
+        copies = self._uploads.paths.copies
+        if copies is not None:  # no row names the thread's bytes any more
+            copies.delete_thread(folders.scope)
 
     def adopt_flat(self, ref: ThreadRef) -> None:
         """Give a single-user layout thread's row (or a new one) to `ref`'s user (the

@@ -18,12 +18,14 @@ from typing import Any
 from urllib.parse import quote
 
 from deerflow_web.models import VIRTUAL_UPLOADS_DIR
+from deerflow_web.models import Area
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.archives.extract import Extraction
 from deerflow_web.services.files.artifacts import artifact_url
 from deerflow_web.services.files.record_cache import RecordCache
 from deerflow_web.services.uploads.service import RejectedFile
 from deerflow_web.services.uploads.service import UploadResult
+from deerflow_web.storage.paths import ThreadFolders
 
 CACHED_LISTINGS = 32  # folders whose formatted listing each process keeps
 _URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote(name, safe="") leaves unchanged
@@ -47,6 +49,12 @@ class UploadInfoFormatter:
         self._folder = display_path(folder) + os.sep
         self._url_prefix = artifact_url(thread_id, VIRTUAL_UPLOADS_DIR) + "/"
         self._virtual_prefix = VIRTUAL_UPLOADS_DIR + "/"
+
+    @classmethod
+    def for_thread(cls, folders: ThreadFolders) -> UploadInfoFormatter:
+        """For the thread of a handle. Its folder is named, not opened: answering from
+        the records reads no file (on the S3 backend, fetches none)."""
+        return cls(folders.thread_id, folders.area_location(Area.UPLOADS))
 
     def _url(self, filename: str) -> str:
         if _URL_SAFE.fullmatch(filename):

@@ -46,11 +46,14 @@ from deerflow_web.models import OnConflict
 from deerflow_web.models import RecordSource
 from deerflow_web.models import ScanState
 from deerflow_web.models import ScanVerdict
+from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.quotas.policy import QuotaPolicy
+from deerflow_web.settings import StorageSettings
+from deerflow_web.storage.database import insert_missing_threads
 from deerflow_web.storage.database import is_storage_full
 from deerflow_web.storage.digest import hash_and_sniff
 from deerflow_web.storage.filenames import ClaimedNames
@@ -67,6 +70,8 @@ from deerflow_web.storage.local import is_disk_full
 from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import scan_regular_files
 from deerflow_web.storage.migrate import open_database
+from deerflow_web.storage.objects import make_object_store
+from deerflow_web.storage.objects.working_copy import WorkingCopies
 from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import ThreadPaths
@@ -491,6 +496,7 @@ class UploadService:
             if batch.count == 0:
                 raise NoFilesProvided()
             batch.screen()  # every verdict in before anything is committed
+            self._push_staged(folders, batch)
             saved = self._commit(folders, batch)
         except BaseException:
             batch.discard()
@@ -532,6 +538,7 @@ class UploadService:
         if not batch.adopt(name, staging, sha256, content_type):
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         batch.staged[-1].verdict = verdict
+        self._push_staged(folders, batch)
         try:
             saved = self._commit(folders, batch, then, reserved)
         finally:
@@ -539,6 +546,21 @@ class UploadService:
         if not saved:
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         return UploadResult(saved, [])
+
+    def collect_garbage(self, scope: str) -> None:
+        """After bytes were let go for good (a delete, an expiry, a version thinned out):
+        on the S3 backend, the blobs nothing names any more leave the bucket."""
+        copies = self.paths.copies
+        if copies is not None:
+            copies.collect_garbage(scope)
+
+    def _push_staged(self, folders: ThreadFolders, batch: _UploadBatch) -> None:
+        """On the S3 backend, the staged bytes into the bucket before the commit takes the
+        thread's lock: the commit's own check then finds them there (`working_copy`)."""
+        copies = self.paths.copies
+        if copies is not None:
+            for item in batch.staged:
+                copies.push(folders.scope, item.staging.path, item.sha256)
 
     def _commit(
         self,
@@ -565,6 +587,7 @@ class UploadService:
         saved: list[SavedFile] = []
         current = ""
         let_go: list[Path] = []  # history files thinning dropped, removed once committed
+        replaced_bytes = False  # bytes some record named before may be named by none now
         with all_or_nothing(commit, lambda: current, lambda: f"Failed to upload {current}"):
             with self.records.locked(folders.scope) as txn:
                 # The owner's quota, checked in this transaction once its writes are in
@@ -621,6 +644,7 @@ class UploadService:
                     commit.rename(item.staging.path, dest)
                     committed.add(item.name)
                     if previous is not None and previous.record.sha256 != item.sha256:
+                        replaced_bytes = True
                         txn.put_many(written)  # a companion may be among them
                         written.clear()
                         freed: list[int] = []
@@ -632,6 +656,9 @@ class UploadService:
                     saved.append(SavedFile(stored.record, seen.get(item.sha256)))
                     seen.setdefault(item.sha256, item.name)
                 txn.put_many(written)
+                if saved and self.paths.copies is not None:
+                    # The thread's row: on the S3 backend no instance's folder marks it.
+                    self._make_thread_row(txn, folders.ref)
                 if then is not None and saved:
                     then(txn, saved)
                 if admission is not None and saved:
@@ -641,7 +668,21 @@ class UploadService:
         for item in batch.staged:
             item.staging.close()  # held (locked) until the records said so too
         remove_quietly(let_go)
+        if replaced_bytes:
+            self.collect_garbage(folders.scope)
         return saved
+
+    def _make_thread_row(self, txn: RecordsTransaction, ref: ThreadRef) -> None:
+        now = self._clock()
+        row = {
+            "user_id": ref.user_id,
+            "thread_id": ref.thread_id,
+            "title": None,
+            "metadata": "{}",
+            "created_at": now,
+            "updated_at": now,
+        }
+        insert_missing_threads(txn.connection, [row])
 
     def _stored_in_place(self, dest: Path, item: _Staged) -> StoredRecord:
         """The record of a staged part just renamed to `dest`, with the file's identity."""
@@ -672,6 +713,11 @@ class UploadService:
         or the next periodic scan, whichever comes first.
         """
         folders = self.folders(thread)
+        if self.paths.copies is not None:
+            # On the S3 backend the folder is a copy of the records, never their source.
+            records = [s.record for s in self.records.all(folders.scope)]
+            folders.remember_records(records)
+            return records
         folder = folders.uploads_dir()
         scope = folders.scope
         signature = _folder_signature(folder)
@@ -748,6 +794,21 @@ class UploadService:
             logger.warning("records of %s not reconciled: storage full", scope)
             return _as_found(stored, on_disk, hashed)
 
+    def presigned_download(self, thread: Thread, virtual_path: str) -> str | None:
+        """Where the bucket serves an upload asked for as a download, when
+        `storage.s3.presigned_downloads` is on: its URL, else None (the app serves it).
+        Only a file of uploads/ itself qualifies (its record names its bytes); the copy
+        here is not fetched for it."""
+        copies = self.paths.copies
+        if copies is None or not copies.presigned_downloads:
+            return None
+        relative = virtual_path.strip("/").split("/")
+        if len(relative) != 4 or relative[:3] != ["mnt", "user-data", Area.UPLOADS.value]:
+            return None
+        folders = self.folders(thread)
+        stored = self.records.get(folders.scope, relative[3])
+        return None if stored is None else copies.download_url(folders.scope, stored.record)
+
     def resolve_artifact(self, thread: Thread, virtual_path: str) -> Artifact:
         """A file of the thread's user-data to send, hard links in uploads/ served only when
         the listing includes them (see `resolve_artifact`)."""
@@ -810,6 +871,7 @@ class UploadService:
                 let_go = self.history.forget(txn, folders, filename)
             gone = [filename, *self._drop_companions(txn, folder, filename)]
         remove_quietly(let_go)
+        self.collect_garbage(folders.scope)
         return gone
 
     def _trash_upload(self, folders: ThreadFolders, filename: str) -> list[str]:
@@ -852,6 +914,7 @@ class UploadService:
                 return False
             txn.delete(filename)
             self._drop_companions(txn, folder, filename)
+        self.collect_garbage(folders.scope)  # infected bytes leave the bucket at once
         return True
 
     def _drop_companions(
@@ -1093,12 +1156,23 @@ def make_upload_service(
     engine: Engine | None = None,
     scanner: ContentScanner | None = None,
     quotas: QuotaPolicy | None = None,
+    storage: StorageSettings | None = None,
 ) -> UploadService:
     """Build the service over a data dir: the one place storage objects are assembled.
 
     `engine` is the process's shared database; without one, the data dir's embedded
-    SQLite file is opened (and migrated).
+    SQLite file is opened (and migrated). With `storage.backend: s3` the data dir becomes
+    this process's working copy of the bucket (`storage/objects/working_copy.py`).
     """
     paths = ThreadPaths(base_dir)
     records = DatabaseUploadRecords(engine or open_database(paths.base_dir))
+    if storage is not None and storage.backend == "s3":
+        copies = WorkingCopies(
+            make_object_store(storage, paths.base_dir),
+            paths.base_dir,
+            presigned_downloads=storage.s3.presigned_downloads,
+        )
+        records.before_write = copies.push_written
+        copies.records = records
+        paths.copies = copies
     return UploadService(paths, records, limits or UploadLimits(), scanner=scanner, quotas=quotas)

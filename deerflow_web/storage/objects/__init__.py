@@ -6,9 +6,11 @@
 - `disk`: the data dir, with today's staging files and atomic renames.
 - `s3`: a bucket through boto3 (why boto3: see its docstring), multipart while streaming.
 
-The upload records stay the source of truth; a store keeps bytes only. The app does not
-read or write through a store yet: `storage.backend: s3` refuses to start until it does
-(`settings.refuse_unserved_storage`).
+- `working_copy`: with `storage.backend: s3`, the data dir as this instance's copy of the
+  bucket: every record's bytes pushed before it is written, a thread's folder fetched up
+  to date before it is read.
+
+The upload records stay the source of truth; a store keeps bytes only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,17 @@
-"""Object keys: the one spelling of where a file's bytes live, whatever the backend.
+"""Object keys: the one spelling of where bytes live, whatever the backend.
 
-A key is the file's path relative to the data dir, `/`-separated:
-`users/{uid}/threads/{tid}/user-data/uploads/{name}` (or `threads/{tid}/...` in the
-single-user layout), exactly as `ThreadPaths` lays the thread out on disk. The local
-backend joins it to the data dir, the S3 backend puts `storage.s3.prefix` in front: an
-install moves from one to the other by copying each file to its own key, and a bucket
-listing reads like the data dir's tree.
+Two kinds of key:
+
+- **A file's path** relative to the data dir, `/`-separated:
+  `users/{uid}/threads/{tid}/user-data/uploads/{name}` (or `threads/{tid}/...` in the
+  single-user layout), exactly as `ThreadPaths` lays the thread out on disk (`area_key`).
+- **A thread's blob**: `{scope}/blobs/{sha256}` (`blob_key`), the bytes an upload record
+  names when the app serves from a bucket (`working_copy`). Keyed by content within the
+  thread: a replace points a record at other bytes (atomic for every reader), a rename
+  moves nothing, and deleting a thread is deleting its prefix.
+
+The S3 backend puts `storage.s3.prefix` in front, so a bucket listing reads like the data
+dir's tree.
 
 Every key is checked before any backend sees it: a `..`, `.` or empty segment, a leading
 `/` or a NUL byte could make the local backend leave the data dir (or the S3 backend
@@ -57,3 +63,22 @@ def area_key(scope: str, area: Area | str, name: str) -> str:
     """The key of file `name` in one area of a thread; `scope` is the thread's records key
     (`ThreadPaths.scope`), which is its folder relative to the data dir."""
     return check_key(f"{scope}/user-data/{Area(area).value}/{name}")
+
+
+BLOBS_FOLDER = "blobs"
+
+
+def blobs_prefix(scope: str) -> str:
+    """The listing prefix of a thread's blobs."""
+    return check_prefix(f"{scope}/{BLOBS_FOLDER}/")
+
+
+def blob_key(scope: str, sha256: str) -> str:
+    """The key of the bytes whose SHA-256 is `sha256`, in the thread `scope`.
+
+    Raises:
+        InvalidObjectKey: `sha256` is not 64 lowercase hex digits.
+    """
+    if len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256):
+        raise InvalidObjectKey(sha256)
+    return check_key(f"{scope}/{BLOBS_FOLDER}/{sha256}")

@@ -48,8 +48,7 @@ def _history() -> ThreadHistory:
 
 
 def _formatter() -> UploadInfoFormatter:
-    thread = current_thread()
-    return UploadInfoFormatter(thread.thread_id, thread.uploads_dir())
+    return UploadInfoFormatter.for_thread(current_thread())
 
 
 def _options() -> Mapping[str, Any]:

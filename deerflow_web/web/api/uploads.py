@@ -72,8 +72,7 @@ def _query_bool(name: str) -> bool:
 
 
 def _formatter() -> UploadInfoFormatter:
-    thread = current_thread()
-    return UploadInfoFormatter(thread.thread_id, thread.uploads_dir())
+    return UploadInfoFormatter.for_thread(current_thread())
 
 
 @bp.post("/threads/<thread_id>/uploads")
@@ -176,6 +175,9 @@ def get_artifact(virtual_path: str) -> ResponseReturnValue:
     """Send one file of the thread's user-data folder: passive kinds inline, else a download."""
     download = _query_bool("download")
     uploads, thread = get_upload_service(), current_thread()
+    if download and (url := uploads.presigned_download(thread, virtual_path)) is not None:
+        # The bucket serves it; who may have it was checked. No body: nothing to render.
+        return Response(status=302, headers={"Location": url})
     artifact = uploads.resolve_artifact(thread, virtual_path)
     if (refusal := _refuse_range(artifact.size)) is not None:
         return refusal

@@ -1,0 +1,359 @@
+"""The data dir as one instance's working copy of a bucket (`storage.backend: s3`).
+
+With the S3 backend several instances on different machines share one database and one
+bucket, and nothing else: each has its own data dir, empty at first. The bucket holds the
+bytes of every upload the records name, and the records stay the source of truth (what a
+thread holds, each file's SHA-256). Everything that reads a file (downloads, previews, the
+agent's tools, conversion, scans, archives, zip downloads) keeps reading the thread's
+folders in the data dir; this module keeps those folders true to the records:
+
+- **No record without its bytes in the bucket.** Every record write pushes the file it
+  describes to the bucket first, in the write's own transaction (`push_written`, called by
+  `DatabaseUploadRecords` before each write): if the bucket cannot take it, the write fails
+  and rolls back, and the upload answers 503 with nothing changed. A large upload is pushed
+  once it has streamed, before its commit takes the thread's lock (`push`), so other
+  writers of the thread do not wait for the copy.
+- **Bytes are keyed by their SHA-256 within the thread** (`keys.blob_key`). Replacing a
+  file only points its record at other bytes, so what a reader of the bucket sees switches
+  atomically with the records, a rename moves no bytes, and the earlier bytes a version or
+  the trash keeps are already there. A blob no record or history row names any more is
+  removed by `collect_garbage`, under the thread's lock, after every delete for good.
+- **A thread's folder is made to match its records before it is read** (`hydrate`, once
+  per request or tool call, by `ThreadFolders`): a file missing here, or older than its
+  record, is fetched from the bucket to a staging name, its SHA-256 checked against the
+  record, and renamed into place under the thread's lock only if the record still names
+  those bytes; a file the records no longer name (deleted or renamed on another instance)
+  is removed. A fetched file gets its record's mtime, so a file here is current when its
+  size and mtime are the record's: one `lstat` each, no hashing.
+
+The folder is a copy the app alone writes: an edit behind its back is not picked up as
+in the local backend (which the records then follow); the next write of that name, or a
+fetch after its size or mtime moved, wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import NamedTuple
+
+from sqlalchemy.engine import Connection
+
+from deerflow_web.errors import ObjectNotFound
+from deerflow_web.errors import StorageFailure
+from deerflow_web.models import Area
+from deerflow_web.models import UploadRecord
+from deerflow_web.storage.history import remove_quietly
+from deerflow_web.storage.history import trashed_in
+from deerflow_web.storage.history import versions_in
+from deerflow_web.storage.objects.base import READ_CHUNK
+from deerflow_web.storage.objects.base import ObjectStore
+from deerflow_web.storage.objects.keys import blob_key
+from deerflow_web.storage.objects.keys import blobs_prefix
+from deerflow_web.storage.paths import VERSIONS_FOLDER
+from deerflow_web.storage.paths import is_staging_name
+from deerflow_web.storage.paths import storage_modes
+
+if TYPE_CHECKING:
+    from deerflow_web.storage.paths import ThreadFolders
+    from deerflow_web.storage.records import DatabaseUploadRecords
+    from deerflow_web.storage.records import StoredRecord
+
+logger = logging.getLogger(__name__)
+
+# How long a presigned download URL works: enough to start the download, short enough that
+# a URL copied out of a browser is of no use to anyone later.
+PRESIGNED_SECONDS = 300
+
+
+class WorkingCopies:
+    """Keeps every data dir of an install true to one bucket (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        base_dir: str | os.PathLike[str],
+        *,
+        presigned_downloads: bool = False,
+    ) -> None:
+        self.store = store
+        self.base_dir = Path(base_dir)
+        self.presigned_downloads = presigned_downloads  # `storage.s3.presigned_downloads`
+        # Set by the wiring once the records exist (they call `push_written` back).
+        self.records: DatabaseUploadRecords | None = None
+
+    # -- into the bucket -------------------------------------------------------------
+
+    def uploads_path(self, scope: str, filename: str) -> Path:
+        return self.base_dir / scope / "user-data" / Area.UPLOADS.value / filename
+
+    def push(self, scope: str, path: Path, sha256: str) -> None:
+        """Make sure the bucket holds `path`'s bytes as the thread's blob of `sha256`.
+
+        Raises:
+            ObjectStoreUnavailable: The bucket cannot be reached (nothing was recorded).
+            StorageFailure: The file is gone, or its bytes are not `sha256`'s.
+        """
+        key = blob_key(scope, sha256)
+        if self.store.exists(key):
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as error:
+            raise StorageFailure(f"{path.name} cannot be read to store it: {error}") from error
+        with os.fdopen(fd, "rb") as source, self.store.open_writer(key) as writer:
+            while chunk := source.read(READ_CHUNK):
+                writer.write(chunk)
+            info = writer.commit()
+        if info.sha256 is not None and info.sha256 != sha256:
+            self.store.delete(key)
+            raise StorageFailure(f"{path.name} changed while it was stored; try again")
+
+    def push_written(self, scope: str, written: Iterable[StoredRecord]) -> None:
+        """Before records are written: the bytes each describes, into the bucket."""
+        for stored in written:
+            record = stored.record
+            self.push(scope, self.uploads_path(scope, record.filename), record.sha256)
+
+    # -- out of the bucket -----------------------------------------------------------
+
+    def hydrate(self, folders: ThreadFolders) -> None:
+        """Make the thread's uploads folder hold what its records say (module docstring).
+
+        Raises:
+            ObjectStoreUnavailable: A file had to be fetched and the bucket cannot be
+                reached (what was current here stays).
+            StorageFailure: The bucket's bytes are not the ones the record names.
+        """
+        records = self._records()
+        scope = folders.scope
+        stored = records.all(scope)
+        folder = folders.user_data_dir() / Area.UPLOADS.value
+        here = _regular_files(folder)
+        wanted = {s.record.filename: s for s in stored}
+        missing = [s for s in stored if not _is_current(here.get(s.record.filename), s)]
+        extra = [name for name in here if name not in wanted]
+        if not missing and not extra:
+            return
+        if missing:
+            folders.make_dirs(folder)
+        fetched: dict[str, Path] = {}
+        try:
+            for s in missing:
+                name = s.record.filename
+                fetched[name] = self._fetch(scope, s.record.sha256, folder, name, s.mtime_ns)
+            with records.locked_here(scope) as txn:
+                # Only what the records still say lands: a commit meanwhile wins.
+                now = txn.get_many([*fetched, *extra])
+                for name, staging in fetched.items():
+                    current = now.get(name)
+                    if current is not None and _same_bytes(current, wanted[name]):
+                        os.replace(staging, folder / name)
+                for name in extra:
+                    if now.get(name) is None:
+                        (folder / name).unlink(missing_ok=True)
+        finally:
+            for staging in fetched.values():
+                staging.unlink(missing_ok=True)
+        folders.forget_records()
+
+    def hydrate_history(self, folders: ThreadFolders, kind: str, folder: Path) -> None:
+        """Make the thread's versions or trash folder hold what its history rows say: the
+        kept bytes of uploads fetched where missing, entries no row names removed.
+
+        A version's or a trashed file's bytes never change under its id, so a file of the
+        right size is current. Versions of outputs/ stay this instance's own (that area is
+        the agent's, not backed by the bucket).
+        """
+        records = self._records()
+        scope = folders.scope
+        with records.reading() as db:
+            wanted, keep = _history_files(db, scope, kind)
+        here = _entries(folder)
+        missing = [f for f in wanted if not _has_size(folder / f.path, f.size)]
+        extra = [name for name in here if name not in keep]
+        if not missing and not extra:
+            return
+        fetched: list[tuple[_HistoryFile, Path]] = []
+        try:
+            for wanted_file in missing:
+                target = folder / wanted_file.path
+                folders.make_dirs(target.parent)
+                staging = self._fetch(
+                    scope, wanted_file.sha256, target.parent, wanted_file.path.rsplit("/")[-1]
+                )
+                fetched.append((wanted_file, staging))
+            with records.locked_here(scope) as txn:
+                _, keep_now = _history_files(txn.connection, scope, kind)
+                for wanted_file, staging in fetched:
+                    if wanted_file.path.split("/", 1)[0] in keep_now:
+                        os.replace(staging, folder / wanted_file.path)
+                remove_quietly([folder / name for name in extra if name not in keep_now])
+        finally:
+            for _, staging in fetched:
+                staging.unlink(missing_ok=True)
+
+    def _fetch(
+        self, scope: str, sha256: str, folder: Path, name: str, mtime_ns: int | None = None
+    ) -> Path:
+        """The bytes of `sha256` from the bucket in a staging file of `folder`, checked;
+        `name` is the file they are for (for errors), `mtime_ns` the mtime to give it."""
+        from deerflow_web.storage.local import staging_path
+
+        staging = staging_path(folder)
+        digest = hashlib.sha256()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(staging, flags, storage_modes().file)
+        try:
+            with os.fdopen(fd, "wb") as target:
+                try:
+                    stream = self.store.open_read(blob_key(scope, sha256))
+                except ObjectNotFound as error:
+                    raise StorageFailure(
+                        f"the stored bytes of {name} are missing from the bucket"
+                    ) from error
+                with stream:
+                    for chunk in stream:
+                        digest.update(chunk)
+                        target.write(chunk)
+            if digest.hexdigest() != sha256:
+                raise StorageFailure(f"the stored bytes of {name} do not match their record")
+            if mtime_ns is not None:
+                os.utime(staging, ns=(mtime_ns, mtime_ns))
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
+        return staging
+
+    def download_url(self, scope: str, record: UploadRecord) -> str | None:
+        """With `storage.s3.presigned_downloads`, a short-lived URL the bucket serves the
+        upload's bytes at as an attachment of its name and type (the caller has checked
+        who may have them); None otherwise."""
+        if not self.presigned_downloads:
+            return None
+        return self.store.presigned_url(
+            blob_key(scope, record.sha256),
+            expires_seconds=PRESIGNED_SECONDS,
+            filename=record.filename,
+            content_type=record.content_type,
+        )
+
+    # -- housekeeping ----------------------------------------------------------------
+
+    def delete_thread(self, scope: str) -> int:
+        """Remove every blob of a deleted thread; return how many went."""
+        removed = 0
+        for info in list(self.store.list_keys(blobs_prefix(scope))):
+            self.store.delete(info.key)
+            removed += 1
+        return removed
+
+    def collect_garbage(self, scope: str, *, grace: float = 0.0) -> int:
+        """Remove the thread's blobs that no record or history row names; return how many.
+
+        Run under the thread's lock, so a commit naming one of them again either landed
+        first (the blob is kept) or comes after: its own check inside the lock then finds
+        the blob gone and pushes it again. `grace` spares blobs younger than that many
+        seconds (a periodic sweep: an upload pushed but not committed yet).
+        """
+        records = self._records()
+        cutoff = time.time() - grace
+        removed = 0
+        with records.locked_here(scope) as txn:
+            blobs = list(self.store.list_keys(blobs_prefix(scope)))
+            if not blobs:
+                return 0
+            named = txn.names_by_sha256(info.key.rsplit("/", 1)[-1] for info in blobs)
+            kept = set(named)
+            kept.update(v.sha256 for v in versions_in(txn.connection, scope))
+            kept.update(r.sha256 for e in trashed_in(txn.connection, scope) for r in e.records)
+            for info in blobs:
+                if info.key.rsplit("/", 1)[-1] in kept:
+                    continue
+                if grace and (info.modified is None or info.modified > cutoff):
+                    continue
+                self.store.delete(info.key)
+                removed += 1
+        return removed
+
+    def _records(self) -> DatabaseUploadRecords:
+        if self.records is None:
+            raise RuntimeError("WorkingCopies.records is set by the wiring before use")
+        return self.records
+
+
+def _regular_files(folder: Path) -> dict[str, os.stat_result]:
+    """The folder's regular files by name (staging files aside); empty when it is missing."""
+    found: dict[str, os.stat_result] = {}
+    try:
+        entries = os.scandir(folder)
+    except FileNotFoundError:
+        return found
+    with entries:
+        for entry in entries:
+            if is_staging_name(entry.name):
+                continue
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(info.st_mode):
+                found[entry.name] = info
+    return found
+
+
+def _is_current(info: os.stat_result | None, stored: StoredRecord) -> bool:
+    return (
+        info is not None
+        and info.st_size == stored.record.size
+        and info.st_mtime_ns == stored.mtime_ns
+    )
+
+
+def _same_bytes(current: StoredRecord, fetched: StoredRecord) -> bool:
+    return (current.record.sha256, current.mtime_ns) == (fetched.record.sha256, fetched.mtime_ns)
+
+
+class _HistoryFile(NamedTuple):
+    path: str  # inside the versions or trash folder: `{version_id}`, `{trash_id}/{name}`
+    sha256: str
+    size: int
+
+
+def _history_files(db: Connection, scope: str, kind: str) -> tuple[list[_HistoryFile], set[str]]:
+    """The files a history folder should hold from the bucket, and every top-level name
+    in it a row still names (versions of outputs/ among them)."""
+    if kind == VERSIONS_FOLDER:
+        versions = versions_in(db, scope)
+        wanted = [
+            _HistoryFile(v.version_id, v.sha256, v.size)
+            for v in versions
+            if v.area == Area.UPLOADS.value
+        ]
+        return wanted, {v.version_id for v in versions}
+    entries = trashed_in(db, scope)
+    wanted = [
+        _HistoryFile(f"{e.trash_id}/{r.filename}", r.sha256, r.size)
+        for e in entries
+        for r in e.records
+    ]
+    return wanted, {e.trash_id for e in entries}
+
+
+def _entries(folder: Path) -> list[str]:
+    """The names in a folder (staging files aside); empty when it is missing."""
+    try:
+        return [name for name in os.listdir(folder) if not is_staging_name(name)]
+    except FileNotFoundError:
+        return []
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == size

@@ -1,0 +1,281 @@
+"""Two instances on the S3 backend: one database and one bucket (a real SeaweedFS) shared,
+each with a data dir of its own, empty at first. What one instance stores, the other lists,
+serves and converts; nothing either serves comes from anywhere but the records and the
+bucket."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from deerflow_web.storage.objects.keys import blob_key
+from deerflow_web.storage.objects.s3 import S3ObjectStore
+from deerflow_web.web.wiring import EXTENSION_KEY
+from tests.helpers import USER_ID
+from tests.helpers import UploadActions
+from tests.helpers import thread_dir
+from tests.helpers import uploads_dir
+from tests.support.seaweedfs import ACCESS_KEY
+from tests.support.seaweedfs import SECRET_KEY
+from tests.support.seaweedfs import SeaweedFS
+
+pytestmark = pytest.mark.same_in_both_modes
+
+BUCKET = "deerflow-instances"
+
+
+@pytest.fixture
+def bucket(seaweedfs: SeaweedFS) -> S3ObjectStore:
+    """This test's own prefix of the shared bucket, as the instances see it."""
+    return seaweedfs.store(BUCKET, prefix=f"t-{secrets.token_hex(6)}")
+
+
+@pytest.fixture
+def on_s3(
+    monkeypatch: pytest.MonkeyPatch, seaweedfs: SeaweedFS, bucket: S3ObjectStore, database_url: str
+) -> None:
+    """Every app made from here on keeps its files in `bucket`, its records in one database."""
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_ENDPOINT_URL", seaweedfs.endpoint_url)
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", BUCKET)
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_REGION", "us-east-1")
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_PREFIX", bucket.prefix.rstrip("/"))
+
+
+class Instance:
+    def __init__(self, app: Flask, base_dir: Path) -> None:
+        self.app = app
+        self.base_dir = base_dir
+        self.client = app.test_client()
+        self.uploads = UploadActions(self.client)
+
+    def download(self, thread_id: str, name: str) -> Any:
+        response = self.client.get(
+            f"/api/threads/{thread_id}/artifacts/mnt/user-data/uploads/{name}"
+        )
+        response.get_data()
+        response.close()
+        return response
+
+    def rename(self, thread_id: str, name: str, new_name: str) -> Any:
+        return self.client.post(
+            f"/api/threads/{thread_id}/uploads/{name}/rename", json={"new_name": new_name}
+        )
+
+    def local(self, thread_id: str, name: str) -> Path:
+        return uploads_dir(self.base_dir, thread_id) / name
+
+
+@pytest.fixture
+def instances(on_s3: None, make_app: Any, tmp_path: Path) -> Iterator[tuple[Instance, Instance]]:
+    made = []
+    for name in ("a", "b"):
+        base_dir = tmp_path / name
+        base_dir.mkdir()
+        made.append(Instance(make_app(BASE_DIR=str(base_dir)), base_dir))
+    yield made[0], made[1]
+
+
+def scope_of(thread_id: str) -> str:
+    base = Path("/x")
+    return thread_dir(base, thread_id).relative_to(base).as_posix()
+
+
+def test_what_one_instance_stores_the_other_lists_and_serves(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore
+) -> None:
+    a, b = instances
+    body = secrets.token_bytes(300_000)
+    assert a.uploads.upload("t1", (body, "report.bin")).status_code == 200
+    assert not thread_dir(b.base_dir, "t1").exists()  # B has nothing of its own
+    assert b.uploads.names("t1") == ["report.bin"]  # listed from the records alone
+    assert not b.local("t1", "report.bin").exists()  # a listing fetches nothing
+    served = b.download("t1", "report.bin")
+    assert served.status_code == 200
+    assert served.data == body
+    assert b.local("t1", "report.bin").read_bytes() == body  # B's working copy
+    sha256 = hashlib.sha256(body).hexdigest()
+    assert bucket.head(blob_key(scope_of("t1"), sha256)).size == len(body)
+
+
+def test_a_replace_a_rename_and_a_delete_reach_the_other_instance(
+    instances: tuple[Instance, Instance],
+) -> None:
+    a, b = instances
+    assert a.uploads.upload("t1", (b"first", "notes.txt")).status_code == 200
+    assert b.download("t1", "notes.txt").data == b"first"
+    assert a.uploads.upload("t1", (b"second, longer", "notes.txt")).status_code == 200
+    assert b.download("t1", "notes.txt").data == b"second, longer"
+    renamed = a.client.post(
+        "/api/threads/t1/uploads/notes.txt/rename", json={"new_name": "kept.txt"}
+    )
+    assert renamed.status_code == 200, renamed.get_json()
+    assert b.download("t1", "kept.txt").data == b"second, longer"
+    assert b.download("t1", "notes.txt").status_code == 404
+    assert not b.local("t1", "notes.txt").exists()  # the old name left B's copy too
+    assert a.client.delete("/api/threads/t1/uploads/kept.txt").status_code == 200
+    assert b.download("t1", "kept.txt").status_code == 404
+    assert b.uploads.names("t1") == []
+    assert not b.local("t1", "kept.txt").exists()
+
+
+def test_b_stores_what_a_then_serves(instances: tuple[Instance, Instance]) -> None:
+    a, b = instances
+    assert b.uploads.upload("t2", (b"from b", "b.txt")).status_code == 200
+    assert a.uploads.upload("t2", (b"from a", "a.txt")).status_code == 200
+    assert a.download("t2", "b.txt").data == b"from b"
+    assert b.download("t2", "a.txt").data == b"from a"
+    assert sorted(a.uploads.names("t2")) == sorted(b.uploads.names("t2")) == ["a.txt", "b.txt"]
+
+
+def test_the_services_use_the_bucket(instances: tuple[Instance, Instance]) -> None:
+    a, _ = instances
+    services = a.app.extensions[EXTENSION_KEY]
+    assert services.uploads.paths.copies is not None
+    assert services.uploads.paths.copies.store.name == "s3"
+    assert USER_ID  # the layout of the mode: per user when accounts are on
+
+
+def test_a_version_kept_on_one_instance_is_served_and_restored_on_the_other(
+    instances: tuple[Instance, Instance],
+) -> None:
+    a, b = instances
+    assert a.uploads.upload("t3", (b"version one", "plan.txt")).status_code == 200
+    assert a.uploads.upload("t3", (b"version two!", "plan.txt")).status_code == 200
+    listed = b.client.get("/api/threads/t3/uploads/plan.txt/versions")
+    assert listed.status_code == 200
+    (version,) = listed.get_json()["versions"]
+    old = b.client.get(f"/api/threads/t3/uploads/plan.txt/versions/{version['version_id']}")
+    assert old.status_code == 200
+    assert old.get_data() == b"version one"
+    old.close()
+    restored = b.client.post(
+        f"/api/threads/t3/uploads/plan.txt/versions/{version['version_id']}/restore"
+    )
+    assert restored.status_code == 200, restored.get_json()
+    assert a.download("t3", "plan.txt").data == b"version one"
+    assert b.download("t3", "plan.txt").data == b"version one"
+
+
+def test_a_file_trashed_on_one_instance_is_restored_on_the_other(
+    instances: tuple[Instance, Instance],
+) -> None:
+    a, b = instances
+    assert a.uploads.upload("t4", (b"keep me", "draft.txt")).status_code == 200
+    assert a.client.delete("/api/threads/t4/uploads/draft.txt").status_code == 200
+    listed = b.client.get("/api/threads/t4/trash")
+    assert listed.status_code == 200, listed.get_json()
+    (entry,) = listed.get_json()["files"]
+    restored = b.client.post(f"/api/threads/t4/trash/{entry['trash_id']}/restore")
+    assert restored.status_code == 200, restored.get_json()
+    assert b.download("t4", "draft.txt").data == b"keep me"
+    assert a.download("t4", "draft.txt").data == b"keep me"
+    assert a.client.get("/api/threads/t4/trash").get_json()["files"] == []
+
+
+def test_deleting_a_thread_takes_its_bytes_out_of_the_bucket(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore
+) -> None:
+    a, b = instances
+    assert a.uploads.upload("t5", (b"one", "1.txt"), (b"two", "2.txt")).status_code == 200
+    assert b.download("t5", "1.txt").data == b"one"  # B holds a copy too
+    prefix = f"{scope_of('t5')}/"
+    assert len(list(bucket.list_keys(prefix))) == 2
+    assert b.client.delete("/api/threads/t5").status_code == 200
+    assert list(bucket.list_keys(prefix)) == []
+    # Gone for both: neither A's folder nor B's copy keeps the thread alive.
+    assert a.client.get("/api/threads/t5").status_code == 404
+    assert b.client.get("/api/threads/t5").status_code == 404
+    assert a.download("t5", "1.txt").status_code == 404
+
+
+def test_an_upload_while_the_bucket_is_down_changes_nothing_and_says_when_to_retry(
+    instances: tuple[Instance, Instance], seaweedfs: SeaweedFS
+) -> None:
+    a, b = instances
+    assert a.uploads.upload("t6", (b"before", "kept.txt")).status_code == 200
+    seaweedfs.stop()
+    try:
+        refused = a.uploads.upload("t6", (b"during", "new.txt"), (b"x", "kept.txt"))
+        assert refused.status_code == 503
+        assert refused.headers["Retry-After"].isdigit()
+        assert "try again" in refused.get_json()["detail"]
+        assert a.uploads.names("t6") == ["kept.txt"]  # nothing of the request was kept
+        assert a.download("t6", "kept.txt").data == b"before"  # A's copy is current
+        fetch = b.download("t6", "kept.txt")  # B has to fetch it, and cannot
+        assert fetch.status_code == 503
+        assert not b.local("t6", "kept.txt").exists()
+    finally:
+        seaweedfs.start_again()
+    assert b.download("t6", "kept.txt").data == b"before"
+    assert a.uploads.upload("t6", (b"after", "new.txt")).status_code == 200
+    assert b.download("t6", "new.txt").data == b"after"
+
+
+def blobs(bucket: S3ObjectStore, thread_id: str) -> set[str]:
+    return {info.key.rsplit("/", 1)[-1] for info in bucket.list_keys(f"{scope_of(thread_id)}/")}
+
+
+def sha(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def test_bytes_leave_the_bucket_once_nothing_names_them(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore
+) -> None:
+    a, b = instances
+    first, second = b"first bytes", b"second bytes"
+    assert a.uploads.upload("t7", (first, "a.txt"), (first, "same.txt")).status_code == 200
+    assert blobs(bucket, "t7") == {sha(first)}  # one blob for both names
+    assert a.uploads.upload("t7", (second, "a.txt")).status_code == 200
+    assert blobs(bucket, "t7") == {sha(first), sha(second)}  # same.txt and a's version
+    trashed = a.client.delete("/api/threads/t7/uploads/same.txt")
+    assert trashed.status_code == 200
+    assert blobs(bucket, "t7") == {sha(first), sha(second)}  # the trash and the version
+    assert b.client.delete("/api/threads/t7/trash").status_code == 200
+    assert blobs(bucket, "t7") == {sha(first), sha(second)}  # a.txt's version still
+    gone = b.client.delete("/api/threads/t7/uploads/a.txt", query_string={"permanent": "true"})
+    assert gone.status_code == 200
+    assert blobs(bucket, "t7") == set()  # the file, its version: nothing names them
+
+
+def test_presigned_downloads_send_the_client_to_the_bucket_after_the_same_checks(
+    instances: tuple[Instance, Instance],
+    monkeypatch: pytest.MonkeyPatch,
+    make_app: Any,
+    tmp_path: Path,
+) -> None:
+    import urllib.request
+
+    a, _ = instances
+    body = secrets.token_bytes(70_000)
+    assert a.uploads.upload("t8", (body, "Q3 report.pdf")).status_code == 200
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_PRESIGNED_DOWNLOADS", "true")
+    base_dir = tmp_path / "c"
+    base_dir.mkdir()
+    c = Instance(make_app(BASE_DIR=str(base_dir)), base_dir)
+    path = "/api/threads/t8/artifacts/mnt/user-data/uploads/Q3%20report.pdf"
+    sent = c.client.get(path, query_string={"download": "true"})
+    assert sent.status_code == 302
+    with urllib.request.urlopen(sent.headers["Location"], timeout=30) as bucket_answer:
+        assert bucket_answer.read() == body
+        disposition = bucket_answer.headers["Content-Disposition"]
+        assert disposition.startswith("attachment") and "Q3%20report.pdf" in disposition
+        (listed,) = a.uploads.list("t8")["files"]
+        assert bucket_answer.headers["Content-Type"] == listed["content_type"]
+    assert not c.local("t8", "Q3 report.pdf").exists()  # nothing fetched here for it
+    inline = c.client.get(path)  # shown inline: served by the app, as ever
+    assert inline.status_code == 200
+    assert inline.get_data() == body
+    inline.close()
+    missing = c.client.get(path.replace("Q3", "Q4"), query_string={"download": "true"})
+    assert missing.status_code == 404
