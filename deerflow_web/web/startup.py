@@ -12,9 +12,10 @@ So the work is tried once while the app is built. When a server database is out 
 down) the app is built without it: every request but the health probes gets the 503 with
 `Retry-After` a running instance gives during an outage, `/readyz` says the database
 failed, and the work is tried again in the background, waiting longer each time up to the
-`Retry-After`, until it is done, in the same process and without a restart. Nothing reads
-the database before the migrations ran, so a schema the new release does not know yet is
-never queried.
+`Retry-After`, until it is done, in the same process and without a restart. A request that
+arrives meanwhile tries at once (as a running instance's request reconnects at once), so
+the first one after the database is back is served. Nothing reads the database before the
+migrations ran, so a schema the new release does not know yet is never queried.
 
 What the error says decides: a server that answers and refuses the URL's user, password
 or database is misconfigured, not out of reach, and waiting would never mend it, so
@@ -62,7 +63,7 @@ class StartUp:
     def __init__(self, engine: Engine, work: Callable[[], None]) -> None:
         self._engine = engine
         self._work = work
-        self._lock = threading.Lock()  # one attempt at a time: the retrier, a CLI command
+        self._lock = threading.Lock()  # one attempt at a time: retrier, requests, a command
         self._done = threading.Event()
         self._stop = threading.Event()
         self._then: list[Callable[[], None]] = []
