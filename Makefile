@@ -95,10 +95,17 @@ clamav:
 # changes only the gate) run in the first pass only. Each pass runs on TEST_WORKERS
 # processes (pytest-xdist, one per core by default), a test module at a time each, so a
 # module's servers start once; every process starts its own PostgreSQL, clamd and browser.
+# A third pass runs the upload API's suites again on `storage.backend: s3` (a real
+# SeaweedFS, a bucket prefix per app), but for the tests of files put in the data dir by hand,
+# which only the local backend adopts (`local_disk`).
+S3_SUITE = tests/web/api/test_upload.py tests/web/api/test_list_delete.py \
+	tests/web/api/test_history.py tests/web/api/test_threads.py
 test: $(VENV)/.test browser postgres nginx fonts clamav
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 		-m "not browser and not same_in_both_modes"
+	DEER_FLOW_TEST_STORAGE=s3 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+		-m "not local_disk" $(S3_SUITE)
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from tests.support.openapi_check import check_response
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import external_url
 from tests.support.route_builders import install as cache_route_builders
+from tests.support.seaweedfs import ACCESS_KEY as SEAWEEDFS_ACCESS_KEY
+from tests.support.seaweedfs import SECRET_KEY as SEAWEEDFS_SECRET_KEY
 from tests.support.seaweedfs import SeaweedFS
 from tests.support.seaweedfs import weed_missing
 
@@ -251,8 +254,38 @@ def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / DATABASE_FILE
 
 
+# `DEER_FLOW_TEST_STORAGE=s3` runs the app-level suites on the S3 backend: every app a test
+# makes keeps its files in a prefix of its own in the session's SeaweedFS bucket (`make test`
+# runs the API and agent suites once more this way).
+TEST_STORAGE = os.environ.get("DEER_FLOW_TEST_STORAGE", "local")
+TEST_BUCKET = "deerflow-suite"
+
+
 @pytest.fixture
-def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterator[Any]:
+def test_storage(request: pytest.FixtureRequest) -> dict[str, Any] | None:
+    """The `storage:` config section of the apps this test makes (None: the local disk)."""
+    if TEST_STORAGE != "s3":
+        return None
+    server: SeaweedFS = request.getfixturevalue("seaweedfs")
+    prefix = f"suite-{uuid.uuid4().hex[:12]}"
+    server.store(TEST_BUCKET, prefix=prefix)  # creates the bucket on first use
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", SEAWEEDFS_ACCESS_KEY)
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SEAWEEDFS_SECRET_KEY)
+    return {
+        "backend": "s3",
+        "s3": {
+            "endpoint_url": server.endpoint_url,
+            "bucket": TEST_BUCKET,
+            "region": "us-east-1",
+            "prefix": prefix,
+        },
+    }
+
+
+@pytest.fixture
+def make_app(
+    base_dir: Path, tmp_path: Path, migrated_database: Path, test_storage: dict[str, Any] | None
+) -> Iterator[Any]:
     """Build an app, optionally with an `uploads:` config section written to a YAML file."""
 
     def factory(
@@ -288,6 +321,7 @@ def make_app(base_dir: Path, tmp_path: Path, migrated_database: Path) -> Iterato
                 ("quotas", quotas),
                 ("retention", retention),
                 ("jobs", jobs),
+                ("storage", test_storage),
             )
             if value is not None
         }

@@ -37,7 +37,10 @@ def resolve_thread_paths(
         # The folders as the app keeps them: a working copy of the bucket, by the records.
         from deerflow_web.services.uploads.service import make_upload_service
 
-        return make_upload_service(settings.base_dir, storage=settings.storage).paths
+        service = make_upload_service(
+            settings.base_dir, storage=settings.storage, database_url=settings.database_url
+        )
+        return service.paths
     return ThreadPaths(settings.base_dir)
 
 

@@ -105,7 +105,10 @@ class DocumentSource:
                 self._archives = settings.archives
                 if self._jobs is None:
                     uploads = self._uploads or make_upload_service(
-                        self._paths.base_dir, settings.limits, storage=settings.storage
+                        self._paths.base_dir,
+                        settings.limits,
+                        storage=settings.storage,
+                        database_url=settings.database_url,
                     )
                     self._jobs = ConversionJobs(
                         uploads, settings.conversion, runs_jobs=settings.jobs.run_in_web

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection
 
 from deerflow_web.errors import PendingUploadsCap
 from deerflow_web.models import ResumableUpload
+from deerflow_web.storage.database import insert_missing_threads
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.paths import storage_modes
@@ -92,6 +93,7 @@ class ResumableStore(Protocol):
         upload: ResumableUpload,
         caps: PendingCaps | None = None,
         quotas: QuotaGate | None = None,
+        thread_row: bool = False,
     ) -> None: ...
     def get(self, upload_id: str) -> ResumableUpload | None: ...
     def update(
@@ -152,9 +154,12 @@ class DatabaseResumableStore:
         upload: ResumableUpload,
         caps: PendingCaps | None = None,
         quotas: QuotaGate | None = None,
+        thread_row: bool = False,
     ) -> None:
         """Record a new upload, unless its user's unfinished ones would go over `caps`,
-        or its declared length would take its owner over their storage quota.
+        or its declared length would take its owner over their storage quota. With
+        `thread_row`, the thread's row is made with it if it has none (the S3 backend,
+        where no instance's folder marks a thread).
 
         The count and the insert are one write transaction, and each user's creations
         queue on one lock (SQLite: the write lock; PostgreSQL: an advisory lock keyed by
@@ -185,6 +190,11 @@ class DatabaseResumableStore:
                 self._check_caps(db, upload, caps)
             admission = quotas.admit(db, upload.ref.user_id) if quotas is not None else None
             db.execute(insert(resumable_uploads).values(values))
+            if thread_row:
+                now = upload.created_at
+                row = {"user_id": upload.ref.user_id, "thread_id": upload.thread_id}
+                row.update(title=None, metadata="{}", created_at=now, updated_at=now)
+                insert_missing_threads(db, [row])
             if admission is not None:
                 admission.check(upload.length)
 

@@ -50,7 +50,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.url_map.merge_slashes = False
     app.request_class = AppRequest
     app.config.update(
-        SECRET_KEY=settings.secret_key or wiring.persistent_secret_key(settings.base_dir),
+        SECRET_KEY=settings.secret_key or wiring.secret_key_of_data_dir(settings),
         MAX_FORM_MEMORY_SIZE=64 * 1024,
         # A backstop only: the upload service enforces the real limits while streaming.
         MAX_CONTENT_LENGTH=settings.limits.max_total_size + 16 * 1024 * 1024,

@@ -187,6 +187,20 @@ class Services:
         return self._accounts
 
 
+def secret_key_of_data_dir(settings: Settings) -> str:
+    """The key kept in the data dir, for an install that sets none. On the S3 backend each
+    machine has a data dir of its own, hence a key of its own: say so, since a session or
+    a form started on one instance is then refused by the others."""
+    if settings.storage.backend != "local":
+        logger.warning(
+            "storage.backend is %s but no SECRET_KEY or server.secret_key is set: this "
+            "instance signs sessions with a key of its own data dir, which instances on "
+            "other machines do not share; set one key for all (docs/deploy.md)",
+            settings.storage.backend,
+        )
+    return persistent_secret_key(settings.base_dir)
+
+
 def persistent_secret_key(base_dir: Path) -> str:
     """A session key shared by every worker process and kept across restarts.
 

@@ -257,7 +257,12 @@ class ResumableUploadService:
         # unlocked also finds the row, and keeps the file.
         staging = ResumableStaging.create(upload.staging_path)
         try:
-            self.store.add(upload, self.caps, self.uploads.quotas)
+            self.store.add(
+                upload,
+                self.caps,
+                self.uploads.quotas,
+                thread_row=self.uploads.paths.copies is not None,
+            )
             if length == 0:
                 return AppendOutcome(upload, self._complete(upload, staging))
         except BaseException:

@@ -1157,15 +1157,17 @@ def make_upload_service(
     scanner: ContentScanner | None = None,
     quotas: QuotaPolicy | None = None,
     storage: StorageSettings | None = None,
+    database_url: str | None = None,
 ) -> UploadService:
     """Build the service over a data dir: the one place storage objects are assembled.
 
-    `engine` is the process's shared database; without one, the data dir's embedded
-    SQLite file is opened (and migrated). With `storage.backend: s3` the data dir becomes
-    this process's working copy of the bucket (`storage/objects/working_copy.py`).
+    `engine` is the process's shared database; without one, `database_url`'s (by default
+    the data dir's embedded SQLite file) is opened (and migrated). With `storage.backend:
+    s3` the data dir becomes this process's working copy of the bucket
+    (`storage/objects/working_copy.py`).
     """
     paths = ThreadPaths(base_dir)
-    records = DatabaseUploadRecords(engine or open_database(paths.base_dir))
+    records = DatabaseUploadRecords(engine or open_database(paths.base_dir, database_url))
     if storage is not None and storage.backend == "s3":
         copies = WorkingCopies(
             make_object_store(storage, paths.base_dir),

@@ -9,6 +9,10 @@ import pytest
 from tests.helpers import UploadActions
 from tests.helpers import user_data_dir
 
+# The files are put in the data dir by hand, as an agent's sandbox writes outputs/; in
+# uploads/ only the local backend adopts such files (on S3 the folder is a copy of records).
+pytestmark = pytest.mark.local_disk
+
 URL = "/api/threads/T/artifacts/mnt/user-data"
 
 

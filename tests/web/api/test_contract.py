@@ -133,6 +133,7 @@ def test_served_document_carries_this_servers_file_limit(make_app) -> None:
     assert files["minItems"] == 1
 
 
+@pytest.mark.local_disk
 @pytest.mark.parametrize("name", ("line\rbreak.txt", "new\nline.txt", "tab\there.txt"))
 def test_a_name_with_control_characters_is_served(
     client: FlaskClient, base_dir: Path, name: str

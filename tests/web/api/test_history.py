@@ -519,6 +519,7 @@ def test_share_links_serve_neither_versions_nor_the_trash(
     assert gone.status_code == 404 and b"CURRENT-BYTES" not in gone.data  # in the trash now
 
 
+@pytest.mark.local_disk
 def test_a_restored_version_is_scanned_again(
     make_app: Any, clamd: Any, base_dir: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import UploadActions
 from tests.helpers import threads_root
 from tests.helpers import uploads_dir
@@ -21,6 +23,7 @@ def on_disk(base_dir: Path, *names: str, thread_id: str = "T") -> Path:
     return folder
 
 
+@pytest.mark.local_disk
 def test_list_is_sorted_by_code_point(uploads: UploadActions, base_dir: Path) -> None:
     on_disk(base_dir, "b.txt", "a.txt", "B.txt")
     body = uploads.list("T")
@@ -33,6 +36,7 @@ def test_list_is_sorted_by_code_point(uploads: UploadActions, base_dir: Path) ->
     assert entry["original_filename"] is None and entry["markdown_file"] is None
 
 
+@pytest.mark.local_disk
 def test_list_hides_staging_files_and_keeps_dotfiles(
     uploads: UploadActions, base_dir: Path
 ) -> None:
@@ -43,6 +47,7 @@ def test_list_hides_staging_files_and_keeps_dotfiles(
     assert uploads.list("T")["files"][0]["extension"] == ""
 
 
+@pytest.mark.local_disk
 def test_list_skips_subdirectories_and_symlinks(uploads: UploadActions, base_dir: Path) -> None:
     folder = on_disk(base_dir, "file.txt", "real.pdf")
     (folder / "subdir").mkdir()
@@ -56,11 +61,13 @@ def test_list_of_unknown_thread_creates_nothing(client, base_dir: Path) -> None:
     assert not threads_root(base_dir).exists()
 
 
+@pytest.mark.local_disk
 def test_list_shows_companions_found_on_disk(uploads: UploadActions, base_dir: Path) -> None:
     on_disk(base_dir, "report.pdf", "report.md")
     assert uploads.names("T") == ["report.md", "report.pdf"]
 
 
+@pytest.mark.local_disk
 def test_records_follow_changes_behind_the_apps_back(
     uploads: UploadActions, base_dir: Path
 ) -> None:
@@ -113,6 +120,7 @@ def test_delete_in_a_thread_the_caller_does_not_have(
     assert uploads.list("nobody") == {"files": [], "count": 0}
 
 
+@pytest.mark.local_disk
 def test_delete_cascades_to_a_companion_of_unknown_origin(
     uploads: UploadActions, base_dir: Path
 ) -> None:
@@ -122,12 +130,14 @@ def test_delete_cascades_to_a_companion_of_unknown_origin(
     assert os.listdir(folder) == []
 
 
+@pytest.mark.local_disk
 def test_delete_of_a_non_convertible_keeps_its_md(uploads: UploadActions, base_dir: Path) -> None:
     folder = on_disk(base_dir, "data.csv", "data.md")
     uploads.delete("T", "data.csv")
     assert os.listdir(folder) == ["data.md"]
 
 
+@pytest.mark.local_disk
 def test_delete_of_an_image_keeps_a_md_of_the_same_name(
     uploads: UploadActions, base_dir: Path
 ) -> None:
@@ -179,6 +189,7 @@ def test_delete_of_a_directory_is_not_found(uploads: UploadActions, base_dir: Pa
     assert (on_disk(base_dir) / "d").is_dir()
 
 
+@pytest.mark.local_disk
 def test_delete_never_follows_a_symlink(
     uploads: UploadActions, base_dir: Path, tmp_path: Path
 ) -> None:

@@ -279,3 +279,46 @@ def test_presigned_downloads_send_the_client_to_the_bucket_after_the_same_checks
     inline.close()
     missing = c.client.get(path.replace("Q3", "Q4"), query_string={"download": "true"})
     assert missing.status_code == 404
+
+
+def test_an_instance_without_one_key_for_all_says_so(
+    on_s3: None, make_app: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SECRET_KEY", raising=False)
+    make_app()
+    assert "no SECRET_KEY or server.secret_key is set" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("SECRET_KEY", "one key for every instance")
+    make_app()
+    assert "SECRET_KEY" not in caplog.text
+
+
+def test_a_sandbox_gets_the_thread_under_real_paths_and_how_fresh_they_are(
+    instances: tuple[Instance, Instance], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import time
+
+    from deerflow_web.agent.runtime import resolve_thread_paths
+    from deerflow_web.agent.sandbox import materialise
+    from deerflow_web.models import ThreadRef
+
+    a, _ = instances
+    assert a.uploads.upload("t9", (b"col1,col2\n1,2\n", "data.csv")).status_code == 200
+    sandbox_home = tmp_path / "sandbox"  # a third machine: the agent's, empty
+    monkeypatch.setenv("DEER_FLOW_HOME", str(sandbox_home))
+    ref = ThreadRef("t9", USER_ID) if USER_ID else ThreadRef.single_user("t9")
+    paths = resolve_thread_paths()  # the agent side's, from the settings as the app's
+    assert paths.copies is not None
+    before = time.time()
+    try:
+        folder = materialise(ref, paths)
+        assert a.uploads.upload("t9", (b"more", "notes.txt")).status_code == 200
+        again = materialise(ref, paths)
+    finally:
+        assert paths.copies.records is not None
+        paths.copies.records.engine.dispose()
+    assert not folder.live and folder.as_of >= before and folder.uploads == 1
+    assert (folder.path / "uploads" / "data.csv").read_bytes() == b"col1,col2\n1,2\n"
+    assert folder.path.is_relative_to(sandbox_home.resolve())
+    assert again.uploads == 2 and again.as_of >= folder.as_of
+    assert (again.path / "uploads" / "notes.txt").read_bytes() == b"more"

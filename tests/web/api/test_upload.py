@@ -292,6 +292,7 @@ def test_dangling_symlink_is_skipped(
     assert not (tmp_path / "not-there.txt").exists()
 
 
+@pytest.mark.local_disk
 def test_hard_link_destination_is_skipped(
     uploads: UploadActions, base_dir: Path, tmp_path: Path
 ) -> None:
