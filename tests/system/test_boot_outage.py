@@ -246,6 +246,8 @@ def test_a_server_whose_database_refuses_it_exits_with_one_line(
         )
     try:
         status = process.wait(timeout=RECOVERY_SECONDS)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server kept running:\n{log.read_text(errors='replace')}")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
