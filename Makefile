@@ -10,7 +10,7 @@ CONNECTIONS ?= 1000
 TEST_WORKERS ?= auto
 BIN := $(VENV)/bin
 
-.PHONY: run worker test lint bench bench-small bench-scale bench-instances bench-workers bench-quotas bench-ocr bench-versions bench-storage browser postgres nginx fonts clamav clean
+.PHONY: run worker test lint bench bench-small bench-scale bench-instances bench-workers bench-quotas bench-ocr bench-versions bench-storage bench-backends browser postgres nginx fonts clamav clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -146,6 +146,12 @@ bench-versions: $(VENV)/.test
 # a 1,000-object listing, the event loop's stalls.
 bench-storage: $(VENV)/.test
 	$(BIN)/python bench/bench_storage_backends.py
+
+# The app under gunicorn on storage.backend local and s3 (SeaweedFS), same run: a 1 GiB
+# upload, 100 MiB downloads (s3: on a second instance whose working copy lacks the file),
+# the list of a 1,000-file thread, the servers' peak RSS; ratios s3/local (issue 29).
+bench-backends: $(VENV)/.test
+	$(BIN)/python bench/bench_app_backends.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -37,6 +37,7 @@ from bench_small_files import start_ours  # noqa: E402
 from bench_small_files import upload_requests  # noqa: E402
 from bench_uploads import REPO  # noqa: E402
 from bench_uploads import BenchError  # noqa: E402
+from bench_uploads import aborted  # noqa: E402
 from bench_uploads import pick_root  # noqa: E402
 
 QUOTA_ENV = "DEER_FLOW_QUOTAS_DEFAULT_BYTES"
@@ -118,12 +119,8 @@ def main() -> int:
         if cpu:
             print(f"quotas on / off, server CPU per file: {statistics.median(cpu):.2f}x")
         return 0 if slowdown <= MAX_SLOWDOWN else 1
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaning up", file=sys.stderr)
-        return 130
-    except BenchError as error:
-        print(f"\nbenchmark aborted: {error}", file=sys.stderr)
-        return 2
+    except (KeyboardInterrupt, BenchError) as error:
+        return aborted(error)
     finally:
         for server in reversed(list(servers.values())):
             server.target.stop()

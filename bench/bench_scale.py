@@ -466,12 +466,8 @@ def run(args: argparse.Namespace) -> int:
         out.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
         print(f"figures written to {out}")
         return 0 if all(passed for _, passed in checks) else 1
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaning up", file=sys.stderr)
-        return 130
-    except bu.BenchError as error:
-        print(f"\nbenchmark aborted: {error}", file=sys.stderr)
-        return 2
+    except (KeyboardInterrupt, bu.BenchError) as error:
+        return bu.aborted(error)
     finally:
         for target in reversed(targets):
             target.stop()

@@ -41,6 +41,7 @@ from bench_uploads import REPO  # noqa: E402
 from bench_uploads import BenchError  # noqa: E402
 from bench_uploads import Target  # noqa: E402
 from bench_uploads import _cmdline  # noqa: E402
+from bench_uploads import aborted  # noqa: E402
 from bench_uploads import free_port  # noqa: E402
 from bench_uploads import list_uploads  # noqa: E402
 from bench_uploads import measured  # noqa: E402
@@ -243,12 +244,8 @@ def main() -> int:
                 json.dumps({k: [r.__dict__ for r in v] for k, v in runs.items()}, indent=2)
             )
         return 0 if all(passed for _, passed in checks) else 1
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaning up", file=sys.stderr)
-        return 130
-    except BenchError as error:
-        print(f"\nbenchmark aborted: {error}", file=sys.stderr)
-        return 2
+    except (KeyboardInterrupt, BenchError) as error:
+        return aborted(error)
     finally:
         for server in reversed(servers):
             server.target.stop()

@@ -247,13 +247,19 @@ def _send_repeated(sock: socket.socket, size: int) -> None:
 
 
 def post_files(
-    port: int, thread_id: str, files: list[tuple[str, int]], headers: dict[str, str] | None = None
+    port: int,
+    thread_id: str,
+    files: list[tuple[str, int]],
+    headers: dict[str, str] | None = None,
+    on_sent: Callable[[], None] | None = None,
 ) -> dict:
     """POST a multipart body with one `files` part per (name, size), streamed from BLOCK.
 
     The body is never assembled: part headers, payload and trailer go out piece by piece
     over the raw connection after a Content-Length header, so the client costs little more
-    than the kernel's copy.
+    than the kernel's copy. `on_sent` is called once the last byte is handed to the socket
+    (the server has read all but what the loopback buffers hold), before the answer is
+    awaited: what the server does after the body is timed from there.
     """
     boundary = "deerflowbench" + os.urandom(12).hex()
     heads = [
@@ -280,6 +286,8 @@ def post_files(
             _send_repeated(conn.sock, size)
             conn.sock.sendall(b"\r\n")
         conn.sock.sendall(tail)
+        if on_sent is not None:
+            on_sent()
         response = conn.getresponse()
         body = response.read()
     finally:
@@ -293,11 +301,15 @@ def post_files(
     return answer
 
 
-def download(port: int, thread_id: str, name: str) -> int:
+def download(port: int, thread_id: str, name: str, headers: dict[str, str] | None = None) -> int:
     """GET one upload into a reused buffer; return the number of bytes received."""
     conn = _connect(port)
     try:
-        conn.request("GET", f"/api/threads/{thread_id}/artifacts/mnt/user-data/uploads/{name}")
+        conn.request(
+            "GET",
+            f"/api/threads/{thread_id}/artifacts/mnt/user-data/uploads/{name}",
+            headers=headers or {},
+        )
         response = conn.getresponse()
         if response.status != 200:
             raise BenchError(f"download from :{port} answered {response.status}")
@@ -582,11 +594,19 @@ def upload_concurrent(target: Target, thread_id: str, sizes: Sizes) -> Sample:
     return sample
 
 
-def populate_list_thread(target: Target, thread_id: str, count: int) -> None:
-    """Fill a thread with `count` small files through the API, ten per request."""
+def populate_list_thread(
+    target: Target,
+    thread_id: str,
+    count: int,
+    headers: dict[str, str] | None = None,
+    per_request: int = 10,
+) -> None:
+    """Fill a thread with `count` small files through the API, `per_request` per request
+    (the default `uploads.max_files`)."""
     names = [f"doc-{i:04d}.txt" for i in range(count)]
-    for start in range(0, count, 10):
-        post_files(target.port, thread_id, [(name, 2 * KiB) for name in names[start : start + 10]])
+    for start in range(0, count, per_request):
+        batch = [(name, 2 * KiB) for name in names[start : start + per_request]]
+        post_files(target.port, thread_id, batch, headers)
 
 
 @dataclass(frozen=True)
@@ -863,6 +883,16 @@ def pick_root(requested: Path | None) -> Path:
     return Path(tempfile.mkdtemp(prefix="deerflow-bench-", dir=parent))
 
 
+def aborted(error: KeyboardInterrupt | BenchError) -> int:
+    """The exit status of a run stopped early, after saying why: 130 when interrupted
+    (Ctrl-C, SIGTERM), 2 when a server answered wrongly or did not start."""
+    if isinstance(error, KeyboardInterrupt):
+        print("\ninterrupted; cleaning up", file=sys.stderr)
+        return 130
+    print(f"\nbenchmark aborted: {error}", file=sys.stderr)
+    return 2
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -929,12 +959,8 @@ def main() -> int:
         )
         print(f"samples written to {out}")
         return 0 if all(passed for _, passed in checks) else 1
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaning up", file=sys.stderr)
-        return 130
-    except BenchError as error:
-        print(f"\nbenchmark aborted: {error}", file=sys.stderr)
-        return 2
+    except (KeyboardInterrupt, BenchError) as error:
+        return aborted(error)
     finally:
         for target in reversed(targets):
             target.stop()

@@ -441,6 +441,10 @@ class S3Settings:
     # Downloads redirect to a short-lived presigned URL (after the same authorisation)
     # instead of streaming through the app.
     presigned_downloads: bool = False
+    # An unfinished multipart upload older than this is a killed process's, and swept.
+    # S3 cannot tell a live upload of another instance from a dead one: the age is the
+    # whole rule, so it must be longer than any push of a file may take.
+    stale_upload_hours: float = 24.0
 
 
 @dataclass(frozen=True)
@@ -476,6 +480,12 @@ class StorageSettings:
             prefix=(_optional_string(value(s3, "prefix", "S3_PREFIX")) or "").strip("/"),
             presigned_downloads=parse_bool(
                 value(s3, "presigned_downloads", "S3_PRESIGNED_DOWNLOADS") or False
+            ),
+            stale_upload_hours=positive_setting(
+                {"stale_upload_hours": value(s3, "stale_upload_hours", "S3_STALE_UPLOAD_HOURS")},
+                "stale_upload_hours",
+                S3Settings.stale_upload_hours,
+                section_name="storage.s3",
             ),
         )
         if settings.prefix and any(part in ("", ".", "..") for part in settings.prefix.split("/")):

@@ -344,6 +344,8 @@ def make_app(
         if services.rescans is not None:
             services.rescans.stop()
         services.retention.stop()
+        if services.stale_uploads is not None:
+            services.stale_uploads.stop()
         services.engine.dispose()
 
 

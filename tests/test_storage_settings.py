@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from deerflow_web.agent.runtime import app_database
 from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.errors import ConfigError
 from deerflow_web.settings import S3Settings
@@ -118,3 +119,43 @@ def test_the_agent_side_keeps_its_folders_as_the_app_does(
     assert on_s3.copies is not None
     assert isinstance(on_s3.copies.store, S3ObjectStore)
     assert on_s3.copies.store.bucket == "files"
+
+
+def test_the_stale_upload_age_is_a_day_unless_set(tmp_path: Path) -> None:
+    assert settings_from(tmp_path, S3_CONFIG).s3.stale_upload_hours == 24.0
+    configured = S3_CONFIG + "    stale_upload_hours: 6\n"
+    assert settings_from(tmp_path, configured).s3.stale_upload_hours == 6.0
+    environ = {"DEER_FLOW_STORAGE_S3_STALE_UPLOAD_HOURS": "0.5"}
+    assert settings_from(tmp_path, configured, environ).s3.stale_upload_hours == 0.5
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "soon", "true"])
+def test_a_stale_upload_age_that_is_not_positive_keeps_the_default(
+    tmp_path: Path, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    configured = S3_CONFIG + f"    stale_upload_hours: {bad}\n"
+    assert settings_from(tmp_path, configured).s3.stale_upload_hours == 24.0
+    assert "storage.s3.stale_upload_hours" in caplog.text
+    environ = {"DEER_FLOW_STORAGE_S3_STALE_UPLOAD_HOURS": bad}
+    assert settings_from(tmp_path, S3_CONFIG, environ).s3.stale_upload_hours == 24.0
+
+
+def test_the_agent_side_reads_the_records_of_the_apps_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database_url: str
+) -> None:
+    monkeypatch.setenv("DEER_FLOW_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "files")
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    first, second = resolve_thread_paths(), resolve_thread_paths()
+    assert first.copies is not None and first.copies.records is not None
+    assert second.copies is not None and second.copies.records is not None
+    engine = first.copies.records.engine
+    try:
+        # DATABASE_URL, not the data dir's own SQLite file; one engine for the process.
+        assert engine.url.render_as_string(hide_password=False) == database_url
+        assert second.copies.records.engine is engine
+        assert app_database(tmp_path / "data", database_url) is engine
+    finally:
+        engine.dispose()

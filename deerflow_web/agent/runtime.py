@@ -9,10 +9,13 @@ context variable while a graph node or tool runs (SPEC 4.3 step 1, 4.6 step 2, D
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from langchain_core.runnables.config import var_child_runnable_config
+from sqlalchemy import Engine
 
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import ThreadRef
@@ -35,13 +38,30 @@ def resolve_thread_paths(
     use_storage_group(settings.storage_group)  # the folders it creates: as the app's
     if settings.storage.backend != "local":
         # The folders as the app keeps them: a working copy of the bucket, by the records.
+        # The records are the app's database (`DATABASE_URL`), not the data dir's file.
         from deerflow_web.services.uploads.service import make_upload_service
 
-        service = make_upload_service(
-            settings.base_dir, storage=settings.storage, database_url=settings.database_url
-        )
-        return service.paths
+        engine = app_database(settings.base_dir, settings.database_url)
+        return make_upload_service(settings.base_dir, engine=engine, storage=settings.storage).paths
     return ThreadPaths(settings.base_dir)
+
+
+_engines: dict[tuple[str, str | None], Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def app_database(base_dir: str | os.PathLike[str], url: str | None) -> Engine:
+    """The app's database (`url`, else the data dir's SQLite file) for the agent's side,
+    opened and migrated once per process: the middlewares, the tools and their document
+    reads all share one engine and its pool, as the app's services do (SPEC 9)."""
+    from deerflow_web.storage.migrate import open_database
+
+    key = (os.fspath(base_dir), url)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = open_database(Path(base_dir), url)
+        return engine
 
 
 def context_value(runtime: Any, key: str) -> Any:

@@ -38,6 +38,7 @@ from langchain_core.tools import ToolException
 from langchain_core.tools import tool
 
 from deerflow_web.agent.messages import state_value
+from deerflow_web.agent.runtime import app_database
 from deerflow_web.agent.runtime import auth_required
 from deerflow_web.agent.runtime import resolve_thread_paths
 from deerflow_web.agent.runtime import thread_id_from
@@ -104,11 +105,12 @@ class DocumentSource:
                 settings = load_settings(self._paths.base_dir)
                 self._archives = settings.archives
                 if self._jobs is None:
+                    # The app's database (`DATABASE_URL`): the jobs and records it keeps.
                     uploads = self._uploads or make_upload_service(
                         self._paths.base_dir,
                         settings.limits,
+                        app_database(self._paths.base_dir, settings.database_url),
                         storage=settings.storage,
-                        database_url=settings.database_url,
                     )
                     self._jobs = ConversionJobs(
                         uploads, settings.conversion, runs_jobs=settings.jobs.run_in_web

@@ -1,5 +1,6 @@
 """The leased background jobs of one process: conversions (OCR included), the periodic
-rescans when scanning is configured, the retention sweeps.
+rescans when scanning is configured, the retention sweeps, and on the S3 backend the
+sweeps of multipart uploads that killed processes left unfinished in the bucket.
 
 Conversion, OCR and scanning are CPU-heavy; at scale they run on machines of their own. So
 one place starts them, for two kinds of process:
@@ -26,6 +27,7 @@ import time
 from deerflow_web.services.conversion.jobs import ConversionJobs
 from deerflow_web.services.quotas.retention import RetentionSweeper
 from deerflow_web.services.scanning.rescan import Rescanner
+from deerflow_web.services.uploads.stale_uploads import StaleUploadSweeper
 from deerflow_web.settings import JobsSettings
 from deerflow_web.storage.database import is_unavailable
 
@@ -45,12 +47,15 @@ class BackgroundJobs:
         rescans: Rescanner | None = None,
         rescan_interval_seconds: float = 0.0,
         retention: RetentionSweeper | None = None,
+        stale_uploads: StaleUploadSweeper | None = None,
     ) -> None:
+        """`stale_uploads`: the bucket's sweep (None on the local backend)."""
         self.settings = settings
         self.conversions = conversions
         self.rescans = rescans
         self.rescan_interval_seconds = rescan_interval_seconds
         self.retention = retention
+        self.stale_uploads = stale_uploads
 
     def describe(self) -> str:
         """What this process runs, in words, for its start-up log line."""
@@ -63,6 +68,8 @@ class BackgroundJobs:
             parts.append(f"retention sweeps every {self.retention.interval_seconds / 60:g} min")
         else:
             parts.append("no retention sweeps (retention off)")
+        if self.stale_uploads is not None:
+            parts.append(self.stale_uploads.describe())
         return ", ".join(parts)
 
     def start(self, *, keeper: bool = True) -> None:
@@ -77,6 +84,8 @@ class BackgroundJobs:
             self.rescans.start(self.rescan_interval_seconds)
         if self.retention is not None:
             self.retention.start()
+        if self.stale_uploads is not None:
+            self.stale_uploads.start()
 
     def run_until(self, stop: threading.Event) -> int:
         """Be a worker until `stop` is set: claim queued conversions every
@@ -127,4 +136,6 @@ class BackgroundJobs:
             self.rescans.stop()
         if self.retention is not None:
             self.retention.stop()
+        if self.stale_uploads is not None:
+            self.stale_uploads.stop()
         return unfinished

@@ -1,4 +1,5 @@
-"""Readiness (SPEC D20): can this process reach its records and write to its data dir?
+"""Readiness (SPEC D20): can this process reach its records, write to its data dir and,
+on the S3 backend, reach its bucket?
 
 Load balancers call `/readyz` every few seconds, so each check is one small real operation
 (a query, a file created and removed) rather than a guess from permissions: a read-only
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 OK = "ok"
 FAILED = "failed"
 FULL = "full"  # the data dir has no space left: free some, nothing to wait for
-OFF = "off"  # virus scanning is not configured
+OFF = "off"  # virus scanning is not configured; the bucket: files are on the local disk
 
 
 class Pingable(Protocol):
@@ -50,6 +51,7 @@ class Readiness:
     database: str
     storage: str
     problems: tuple[str, ...] = ()
+    bucket: str = OFF
 
     @property
     def ready(self) -> bool:
@@ -66,13 +68,21 @@ def _storage_writable(base_dir: Path) -> None:
         os.unlink(name)
 
 
-def check_readiness(ping_database: Callable[[], None], base_dir: Path) -> Readiness:
-    """Run both checks; a failure is logged and named, never raised.
+def check_readiness(
+    ping_database: Callable[[], None],
+    base_dir: Path,
+    ping_bucket: Callable[[], None] | None = None,
+) -> Readiness:
+    """Run the checks; a failure is logged and named, never raised.
 
     The two kinds of storage trouble are told apart, as the API's answers tell them
     apart: a database out of reach (`database: failed`, 503 on the API: wait and retry)
     and a data dir without space (`storage: full`, 507 on the API: free space). On the
     embedded SQLite database a full data dir is also why its writes fail.
+
+    `ping_bucket` (the S3 backend): one cheap request to the bucket. An instance that
+    cannot reach it cannot store an upload nor serve a file it has not fetched yet, so
+    it is not ready (`bucket: failed`); None (the local backend) reports `off`.
     """
     problems: list[str] = []
     database = storage = OK
@@ -92,4 +102,13 @@ def check_readiness(ping_database: Callable[[], None], base_dir: Path) -> Readin
         else:
             storage = FAILED
             problems.append(f"storage: data dir is not writable ({error.strerror or error})")
-    return Readiness(database, storage, tuple(problems))
+    bucket = OFF
+    if ping_bucket is not None:
+        bucket = OK
+        try:
+            ping_bucket()
+        except Exception as error:  # unreachable, refused, no credentials: not ready
+            logger.warning("readiness: object store bucket unavailable: %s", error)
+            bucket = FAILED
+            problems.append(f"bucket: the object store cannot be reached ({error})")
+    return Readiness(database, storage, tuple(problems), bucket)

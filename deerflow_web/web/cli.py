@@ -2,6 +2,7 @@
 `flask --app app db upgrade`: migrate the shared database (SPEC 9);
 `flask --app app import-deerflow DIR`: adopt a DeerFlow data directory, once (doc C);
 `flask --app app files rescan`: scan stored files again for viruses;
+`flask --app app files sweep`: the retention sweep, and the bucket's unfinished uploads;
 `flask --app app worker`: run only the background jobs, with no HTTP server.
 
 The commands use the same account rules as the pages and the API: a password the set-up
@@ -28,6 +29,7 @@ from deerflow_web.services.accounts.service import USER
 from deerflow_web.services.threads.adopt import adopt_flat_threads
 from deerflow_web.services.uploads.deerflow_import import Owners
 from deerflow_web.services.uploads.deerflow_import import import_deerflow
+from deerflow_web.services.uploads.stale_uploads import StaleUploadSweeper
 from deerflow_web.storage.migrate import current_revision
 from deerflow_web.storage.migrate import upgrade_database
 from deerflow_web.web.wiring import Services
@@ -36,7 +38,7 @@ from deerflow_web.web.wiring import get_services
 logger = logging.getLogger(__name__)
 
 db_cli = AppGroup("db", help="The shared database: apply its migrations.")
-files_cli = AppGroup("files", help="Stored files: rescan them for viruses.")
+files_cli = AppGroup("files", help="Stored files: rescan them for viruses, sweep them.")
 users_cli = AppGroup("users", help="Manage accounts: create users, API tokens, adopt threads.")
 
 
@@ -133,8 +135,15 @@ def rescan_files(everything: bool) -> None:
 def sweep_files() -> None:
     """Run one retention sweep now: the threads untouched for `retention.thread_days`
     (never one with an upload in progress) have their files moved to the trash, and are
-    removed once that trash has expired."""
-    retention = _started_services().retention
+    removed once that trash has expired. On the S3 backend, first abort the multipart
+    uploads older than `storage.s3.stale_upload_hours` that killed processes left
+    unfinished in the bucket."""
+    services = _started_services()
+    retention = services.retention
+    if services.stale_uploads is not None:
+        _sweep_stale_uploads(services.stale_uploads)
+        if not retention.enabled:
+            return
     if not retention.enabled:
         raise click.ClickException(
             "Retention is off: set retention.thread_days in config.yaml first."
@@ -149,6 +158,21 @@ def sweep_files() -> None:
     for ref in report.removed:
         click.echo(f"removed {ref.owner or '(single user)'}/{ref.thread_id}")
     click.echo(report.summary())
+
+
+def _sweep_stale_uploads(sweeper: StaleUploadSweeper) -> None:
+    try:
+        aborted = sweeper.sweep()
+    except DeerFlowError as error:
+        _fail(error)
+    if aborted is None:
+        raise click.ClickException(
+            "Another instance is sweeping the bucket right now; try again later."
+        )
+    click.echo(
+        f"stale upload sweep: {aborted} unfinished upload(s) older than "
+        f"{sweeper.older_than_seconds / 3600:g} h aborted in the bucket"
+    )
 
 
 @db_cli.command("upgrade")
@@ -229,9 +253,9 @@ def import_deerflow_command(
 @click.command("worker")
 @with_appcontext
 def worker_command() -> None:
-    """Run only the background jobs: conversions and OCR, the rescans (with scanning on)
-    and the retention sweeps (with retention on), with no HTTP server, until SIGTERM or
-    SIGINT.
+    """Run only the background jobs: conversions and OCR, the rescans (with scanning on),
+    the retention sweeps (with retention on) and the sweeps of unfinished uploads in the
+    bucket (on S3), with no HTTP server, until SIGTERM or SIGINT.
 
     Web instances with `jobs.run_in_web: false` record the jobs in the shared database and
     any number of workers run them. On SIGTERM a worker takes no more jobs, hands back the

@@ -43,6 +43,7 @@ from deerflow_web.services.uploads.resumable import ResumableUploadService
 from deerflow_web.services.uploads.resumable import make_resumable_service
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
+from deerflow_web.services.uploads.stale_uploads import StaleUploadSweeper
 from deerflow_web.settings import Settings
 from deerflow_web.storage.database import CONNECT_TIMEOUT_SECONDS
 from deerflow_web.storage.database import default_database_url
@@ -135,6 +136,15 @@ class Services:
             interval_seconds=settings.retention.sweep_interval_minutes * 60,
             trash=self.history.trash_bin,
         )
+        # On S3: the multipart uploads killed processes left in the bucket, swept.
+        self.stale_uploads: StaleUploadSweeper | None = None
+        copies = self.uploads.paths.copies
+        if copies is not None:
+            self.stale_uploads = StaleUploadSweeper(
+                copies.store,
+                JobLeases(self.engine),
+                settings.storage.s3.stale_upload_hours * 3600,
+            )
         # Conversions, rescans and sweeps: started here unless `jobs.run_in_web` is off, run
         # by `flask --app app worker` either way.
         self.jobs = BackgroundJobs(
@@ -143,6 +153,7 @@ class Services:
             rescans=self.rescans,
             rescan_interval_seconds=settings.scanning.rescan_interval_seconds,
             retention=self.retention,
+            stale_uploads=self.stale_uploads,
         )
         self.thumbnails = Thumbnails(settings.base_dir)
         self._accounts: AccountService | None = None

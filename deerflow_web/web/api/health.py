@@ -2,7 +2,8 @@
 
 Both are public and answer JSON whatever the client asks for: a probe has no session and
 no language. `/healthz` only says the process serves requests; `/readyz` also checks the
-records database and the data dir, and answers 503 naming what failed; it also reports the
+records database, the data dir and on the S3 backend the bucket (`bucket`: `off` on the
+local disk, `ok`, `failed`), and answers 503 naming what failed; it also reports the
 virus scanner (`off`, `ok`, `failed`) and whether this instance runs the background jobs
 (`jobs`: `on`, or `off` with `jobs.run_in_web: false`).
 """
@@ -33,14 +34,21 @@ def healthz() -> ResponseReturnValue:
 @bp.get("/readyz")
 @probe
 def readyz() -> ResponseReturnValue:
-    """Ready when the records database answers and the data dir takes a file."""
+    """Ready when the records database answers, the data dir takes a file and (on S3)
+    the bucket answers."""
     services = get_services()
+    copies = services.uploads.paths.copies
+    # On S3 the store is an S3ObjectStore, whose `ping` is one HeadBucket.
+    ping_bucket = getattr(copies.store, "ping", None) if copies is not None else None
     # Not ready either while start-up still waits for the database (web/startup.py).
-    readiness = check_readiness(services.ping_database, services.uploads.paths.base_dir)
+    readiness = check_readiness(
+        services.ping_database, services.uploads.paths.base_dir, ping_bucket
+    )
     body: dict[str, str] = {
         "status": "ok" if readiness.ready else "unavailable",
         "database": readiness.database,
         "storage": readiness.storage,
+        "bucket": readiness.bucket,
     }
     problems = list(readiness.problems)
     # The scanner is reported, and does not take the instance out of rotation: every

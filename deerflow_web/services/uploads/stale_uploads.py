@@ -1,0 +1,151 @@
+"""The sweep of unfinished S3 multipart uploads (`storage.backend: s3`).
+
+A file larger than one part goes to the bucket as a multipart upload. A process killed
+while pushing one (SIGKILL, an OOM kill, a lost machine) leaves it unfinished: invisible
+to readers, but its parts stay stored, and billed, until someone aborts it. Nothing else
+ever will, so every instance tries a sweep now and then, and `flask --app app files
+sweep` runs one now.
+
+S3 cannot tell an upload a live instance is still sending from a dead one's, so the age
+is the whole rule (`storage.s3.stale_upload_hours`, longer than any push may take). One
+instance at a time sweeps: a sweep runs while it holds the `stale-uploads` lease of
+`job_leases`, and the time of the last one is kept in that row, so instances that all try
+every `CHECK_SECONDS` sweep about once per interval between them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy import select
+
+from deerflow_web.errors import ObjectStoreUnavailable
+from deerflow_web.storage.database import job_leases
+from deerflow_web.storage.database import write_transaction
+from deerflow_web.storage.job_leases import JobLeases
+from deerflow_web.storage.objects.base import ObjectStore
+from deerflow_web.storage.objects.base import sweep_stale_uploads
+
+logger = logging.getLogger(__name__)
+
+LEASE_NAME = "stale-uploads"
+LEASE_SECONDS = 300.0  # one listing and a few aborts; a dead sweeper's lease lapses
+CHECK_SECONDS = 3600.0  # how often each instance asks whether a sweep is due
+
+
+class StaleUploadSweeper:
+    """Aborts the multipart uploads in the bucket older than `older_than_seconds`."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        leases: JobLeases,
+        older_than_seconds: float,
+        *,
+        interval_seconds: float = CHECK_SECONDS,
+        clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+    ) -> None:
+        self.store = store
+        self.leases = leases
+        self.engine = leases.engine
+        self.older_than_seconds = older_than_seconds
+        self.interval_seconds = interval_seconds
+        self._clock = clock
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def describe(self) -> str:
+        """What the periodic job does, for the start-up log line."""
+        return (
+            f"stale upload sweeps every {self.interval_seconds / 60:g} min "
+            f"(older than {self.older_than_seconds / 3600:g} h)"
+        )
+
+    # --- the schedule -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Try a sweep every `interval_seconds` in the background (`sweep_if_due` decides)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="stale-uploads", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the periodic sweeps (shutdown, tests)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_seconds):
+            try:
+                self.sweep_if_due()
+            except ObjectStoreUnavailable:
+                logger.warning("stale upload sweep skipped: the object store is unavailable")
+            except Exception:
+                logger.exception("stale upload sweep failed")
+
+    def sweep_if_due(self) -> int | None:
+        """A sweep when none ran within the interval and no other instance is sweeping."""
+        if self._last_sweep() > self._clock() - self.interval_seconds:
+            return None
+        return self.sweep()
+
+    # --- one sweep ----------------------------------------------------------------------
+
+    def sweep(self) -> int | None:
+        """One sweep now if this process takes the lease: how many uploads were aborted;
+        None while another instance holds it.
+
+        Raises:
+            ObjectStoreUnavailable: The bucket cannot be reached (nothing is lost: the
+                next sweep finds the same uploads).
+        """
+        now = self._clock()
+        if not self.leases.take(LEASE_NAME, self.owner, now, now + LEASE_SECONDS):
+            logger.info("stale upload sweep skipped: another instance is sweeping")
+            return None
+        try:
+            aborted = sweep_stale_uploads(self.store, older_than=self.older_than_seconds)
+            self._remember(now)
+        finally:
+            self.leases.release(LEASE_NAME, self.owner)
+        if aborted:
+            logger.warning(
+                "stale upload sweep: %d unfinished upload(s) older than %g h aborted "
+                "(left by processes that died while storing a file)",
+                aborted,
+                self.older_than_seconds / 3600,
+            )
+        else:
+            logger.info("stale upload sweep: no unfinished upload to abort")
+        return aborted
+
+    def _last_sweep(self) -> float:
+        with self.engine.connect() as db:
+            state = db.execute(
+                select(job_leases.c.state).where(job_leases.c.name == LEASE_NAME)
+            ).scalar_one_or_none()
+        try:
+            return float(json.loads(state or "{}").get("last_sweep", 0.0))
+        except (ValueError, AttributeError, TypeError):
+            return 0.0
+
+    def _remember(self, now: float) -> None:
+        with write_transaction(self.engine) as db:
+            db.execute(
+                job_leases.update()
+                .where(job_leases.c.name == LEASE_NAME)
+                .values(state=json.dumps({"last_sweep": now}))
+            )
