@@ -219,7 +219,10 @@ def _assert_one_line_refusal(log: str, said: str, processes: int = 1) -> None:
     assert len(set(lines)) == 1, log
     assert said in lines[0], log
     assert "not-the-password" not in log
-    assert "Traceback" not in log, log
+    # No traceback through the app's code. (gunicorn's arbiter may print one of its own
+    # when two workers report the load error in the same round: HaltServer raised twice.)
+    frames = [line for line in log.splitlines() if line.lstrip().startswith("File ")]
+    assert not [line for line in frames if "deerflow_web" in line or "app.py" in line], log
 
 
 SAID = {
