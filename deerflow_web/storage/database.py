@@ -383,6 +383,35 @@ class DatabaseUnavailable(Exception):
     """The database cannot be reached right now; the request may be retried later."""
 
 
+# What PostgreSQL (and libpq) say when the server answered and refused whom or what the URL
+# names: no waiting mends these, an operator must. Connection errors carry no SQLSTATE in
+# psycopg, so the (English) words are read; a server speaking another language is taken
+# for one out of reach, and the log line of each retry names what it said.
+_REFUSED_BY_CONFIGURATION = (
+    "password authentication failed",
+    "authentication failed",
+    "no password supplied",
+    "no pg_hba.conf entry",
+    "pg_hba.conf rejects connection",
+    "does not exist",  # role "..." / database "..." does not exist
+    "is not permitted to log in",
+    "permission denied for database",
+    "server does not support ssl",
+    "invalid sslmode value",
+    "invalid connection option",
+)
+
+
+def is_misconfigured(error: BaseException) -> bool:
+    """Whether a failure to connect means the URL is wrong (its user, password or database
+    is refused) rather than the server being out of reach: the first stops start-up with a
+    clear message, the second is waited out (`is_unavailable`)."""
+    if not isinstance(error, OperationalError):
+        return False
+    message = str(getattr(error, "orig", error)).lower()
+    return any(words in message for words in _REFUSED_BY_CONFIGURATION)
+
+
 def default_database_url(base_dir: Path) -> str:
     """The embedded default: one SQLite file under the data dir."""
     return f"sqlite:///{base_dir / DATABASE_FILE}"
@@ -556,12 +585,13 @@ def is_unavailable(error: BaseException) -> bool:
     """Whether a database error means "cannot reach the server" rather than a bug.
 
     A lost connection, a refused one and a server shutting down are all operational errors
-    flagged as disconnects (or timeouts of the connection pool); a constraint violation
+    flagged as disconnects (or timeouts of the connection pool), and so is an app that
+    could not start on its database yet (`DatabaseUnavailable`); a constraint violation
     or bad SQL is not, nor is a full disk (`is_storage_full`).
     """
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-    if isinstance(error, PoolTimeout):
+    if isinstance(error, PoolTimeout | DatabaseUnavailable):
         return True
     if isinstance(error, DBAPIError):
         if error.connection_invalidated:

@@ -41,6 +41,7 @@ from deerflow_web.storage.objects import make_object_store
 from deerflow_web.storage.objects.move import InstallMover
 from deerflow_web.storage.objects.move import LocalFile
 from deerflow_web.storage.objects.move import MoveReport
+from deerflow_web.web.wiring import Services
 from deerflow_web.web.wiring import get_services
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,18 @@ def _fail(error: DeerFlowError) -> None:
     raise click.ClickException(str(error))
 
 
+def _started_services() -> Services:
+    """The services, once start-up has run on the database (web/startup.py): a command
+    run while the database is out of reach stops with one clear line, having done nothing."""
+    services = get_services()
+    if not services.startup.attempt():
+        raise click.ClickException(
+            f"The database {services.startup.url} cannot be reached; nothing was done. "
+            "Try again once it answers."
+        )
+    return services
+
+
 @users_cli.command("create")
 @click.argument("email")
 @click.option("--admin", is_flag=True, help="Give the account the admin role.")
@@ -69,7 +82,7 @@ def create_user(email: str, admin: bool) -> None:
     """Create an account; the password comes from a prompt or standard input."""
     password = _read_password()
     try:
-        account = get_services().accounts.create_user(
+        account = _started_services().accounts.create_user(
             email, password, role=ADMIN if admin else USER
         )
     except DeerFlowError as error:
@@ -83,7 +96,7 @@ def create_user(email: str, admin: bool) -> None:
 @click.option("--expires-in-days", type=int, default=None, help="Expiry; none means never.")
 def create_token(email: str, name: str, expires_in_days: int | None) -> None:
     """Print a new API token for the account (shown this once)."""
-    accounts = get_services().accounts
+    accounts = _started_services().accounts
     account = accounts.find_by_email(email)
     if account is None:
         raise click.ClickException(f"No account with email {email}")
@@ -98,7 +111,7 @@ def create_token(email: str, name: str, expires_in_days: int | None) -> None:
 @click.argument("email")
 def adopt_threads(email: str) -> None:
     """Move every single-user (flat layout) thread into this account."""
-    services = get_services()
+    services = _started_services()
     account = services.accounts.find_by_email(email)
     if account is None:
         raise click.ClickException(f"No account with email {email}")
@@ -118,7 +131,7 @@ def rescan_files(everything: bool) -> None:
     Due are the files never scanned clean and those scanned with other signatures than
     clamd runs now.
     """
-    rescans = get_services().rescans
+    rescans = _started_services().rescans
     if rescans is None:
         raise click.ClickException("Scanning is off: set scanning.clamd in config.yaml first.")
     try:
@@ -135,7 +148,7 @@ def sweep_files() -> None:
     removed once that trash has expired. On the S3 backend, first abort the multipart
     uploads older than `storage.s3.stale_upload_hours` that killed processes left
     unfinished in the bucket."""
-    services = get_services()
+    services = _started_services()
     retention = services.retention
     if services.stale_uploads is not None:
         _sweep_stale_uploads(services.stale_uploads)
@@ -179,7 +192,7 @@ def upgrade_db() -> None:
     The server does the same at start-up; run it by hand before starting several instances
     of a new release, or to check where a database stands.
     """
-    services = get_services()
+    services = _started_services()
     upgrade_database(services.engine, services.settings.base_dir)
     with services.engine.connect() as connection:
         revision = current_revision(connection)
@@ -282,7 +295,7 @@ def migrate_storage(target: str, every: int, no_switch: bool) -> None:
 
 
 def _account_id(email: str) -> str:
-    account = get_services().accounts.find_by_email(email)
+    account = _started_services().accounts.find_by_email(email)
     if account is None:
         raise click.ClickException(f"No account with email {email}")
     return account.id
@@ -309,7 +322,7 @@ def import_deerflow_command(
 
     DIR is left unchanged unless --move is given. Running it again adopts nothing twice.
     """
-    services = get_services()
+    services = _started_services()
     accounts = services.settings.auth.enabled
     if not accounts and (owner or mapping):
         raise click.ClickException(
@@ -365,14 +378,27 @@ def worker_command() -> None:
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    logger.info(
-        "worker started (pid %d): runs %s; database %s, data dir %s",
-        os.getpid(),
-        jobs.describe(),
-        services.engine.url.render_as_string(),
-        services.settings.base_dir,
-    )
     try:
+        if not services.startup.done:
+            logger.info(
+                "worker (pid %d) waits for the database %s before it runs any job",
+                os.getpid(),
+                services.startup.url,
+            )
+        if not services.startup.wait(stop):
+            logger.info(
+                "worker stopped (pid %d, %s) before its database answered",
+                os.getpid(),
+                received[0] if received else "stopped",
+            )
+            return
+        logger.info(
+            "worker started (pid %d): runs %s; database %s, data dir %s",
+            os.getpid(),
+            jobs.describe(),
+            services.engine.url.render_as_string(),
+            services.settings.base_dir,
+        )
         unfinished = jobs.run_until(stop)
     finally:
         for sig, handler in previous.items():

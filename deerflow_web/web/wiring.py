@@ -10,6 +10,11 @@ from pathlib import Path
 
 from flask import Flask
 from flask import current_app
+from flask import g
+from flask import request
+from sqlalchemy import Engine
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import NoSuchModuleError
 
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import NotAuthenticated
@@ -40,15 +45,22 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.services.uploads.stale_uploads import StaleUploadSweeper
 from deerflow_web.settings import Settings
+from deerflow_web.storage.database import CONNECT_TIMEOUT_SECONDS
+from deerflow_web.storage.database import default_database_url
+from deerflow_web.storage.database import make_engine
 from deerflow_web.storage.install_storage import refuse_local_after_move
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.local import sweep_staging_files
-from deerflow_web.storage.migrate import open_database
+from deerflow_web.storage.migrate import upgrade_database
 from deerflow_web.storage.paths import make_dirs_with_mode
 from deerflow_web.storage.paths import secure_data_dir
 from deerflow_web.storage.paths import tighten_secret_file
 from deerflow_web.storage.paths import use_storage_group
 from deerflow_web.storage.scan_events import ScanEvents
+from deerflow_web.web.marks import PROBE
+from deerflow_web.web.marks import STATIC_ENDPOINT
+from deerflow_web.web.marks import request_has
+from deerflow_web.web.startup import StartUp
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +73,10 @@ class Services:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        # One engine per process, shared by every store (SPEC 9); migrated before first use.
-        self.engine = open_database(settings.base_dir, settings.database_url)
-        # An install whose bytes moved to a bucket never serves from this disk again.
-        try:
-            refuse_local_after_move(self.engine, settings.storage)
-        except ConfigError:
-            self.engine.dispose()  # the process stops: its connections with it
-            raise
+        # One engine per process, shared by every store (SPEC 9); nothing here connects:
+        # the migrations run first, in `start_up` (web/startup.py).
+        self.engine = open_engine(settings)
+        self.startup = StartUp(self.engine, self.start_up)
         # Virus scanning (issue: scan before anyone sees it): None unless configured.
         self.scanner: Scanner | None = make_scanner(settings.scanning)
         self.scan_events = ScanEvents(self.engine)
@@ -151,6 +159,34 @@ class Services:
         self.thumbnails = Thumbnails(settings.base_dir)
         self._accounts: AccountService | None = None
 
+    def start_up(self) -> None:
+        """What needs the database before the app serves: the migrations, then clearing
+        what a killed server left half-written, then the background jobs. Run once, when
+        the app is built or as soon as its database answers (`self.startup`)."""
+        settings = self.settings
+        upgrade_database(self.engine, settings.base_dir)
+        # An install whose bytes moved to a bucket never serves from this disk again.
+        refuse_local_after_move(self.engine, settings.storage)
+        self.resumable.sweep_expired()
+        sweep_staging_files(
+            self.uploads.paths.iter_uploads_dirs(), keep=self.resumable.is_live_staging
+        )
+        if settings.jobs.run_in_web:
+            # The lease keeper is started by a server (app.py) or a worker, not by every app.
+            self.jobs.start(keeper=False)
+        else:
+            logger.info(
+                "background jobs off in this instance (jobs.run_in_web: false): conversions "
+                "are queued for `flask --app app worker` processes"
+            )
+
+    def ping_database(self) -> None:
+        """Raise unless the database answers and start-up has run (readiness); a probe
+        while start-up waits tries it at once, as a request does."""
+        self.startup.attempt_for_a_request(CONNECT_TIMEOUT_SECONDS)
+        self.startup.check()
+        self.uploads.records.ping()
+
     @property
     def accounts(self) -> AccountService:
         """Users, sessions, tokens and lockouts (SPEC 7); built on first use: the
@@ -204,27 +240,40 @@ def persistent_secret_key(base_dir: Path) -> str:
     return path.read_text(encoding="ascii").strip()
 
 
+def open_engine(settings: Settings) -> Engine:
+    """The engine of the configured database (the data dir's SQLite file by default).
+
+    Raises:
+        ConfigError: The URL is not one SQLAlchemy can use (malformed, unknown driver).
+    """
+    try:
+        return make_engine(settings.database_url or default_database_url(settings.base_dir))
+    except (ArgumentError, NoSuchModuleError) as error:
+        raise ConfigError(f"database.url / DATABASE_URL is not usable: {error}") from None
+
+
 def init_app(app: Flask, settings: Settings) -> None:
-    """Attach the services and clear what a killed server left half-written."""
+    """Attach the services and start up on the database: now, or once it answers (while
+    it does not, every request but the health probes is answered 503)."""
     use_storage_group(settings.storage_group)
     secure_data_dir(settings.base_dir)
     services = Services(settings)
-    services.resumable.sweep_expired()
-    if settings.auth.enabled:
-        services.accounts  # noqa: B018 - create the tables now, not inside a first request
-    sweep_staging_files(
-        services.uploads.paths.iter_uploads_dirs(), keep=services.resumable.is_live_staging
-    )
-    sweep_stale_work_folders()  # of converters whose server was killed
-    if settings.jobs.run_in_web:
-        # The lease keeper is started by a server (app.py) or a worker, not by every app.
-        services.jobs.start(keeper=False)
-    else:
-        logger.info(
-            "background jobs off in this instance (jobs.run_in_web: false): conversions are "
-            "queued for `flask --app app worker` processes"
-        )
+    sweep_stale_work_folders()  # of converters whose server was killed; no database needed
+    services.startup.begin()
     app.extensions[EXTENSION_KEY] = services
+
+    def refuse_until_started() -> None:
+        if services.startup.done or request_has(PROBE) or request.endpoint == STATIC_ENDPOINT:
+            return
+        if services.startup.attempt_for_a_request(CONNECT_TIMEOUT_SECONDS):
+            return  # the database is back: this request is served
+        # Answered before the sign-in gate runs: nobody is signed in for this request, and
+        # its error page asks the database (not migrated yet, perhaps) nothing.
+        g.signed_in_user = None
+        g.header_usage = None
+        services.startup.check()  # raises DatabaseUnavailable: 503 with Retry-After
+
+    app.before_request(refuse_until_started)
 
 
 def get_services() -> Services:

@@ -46,10 +46,11 @@ class LiveWorker:
     def environment(self) -> dict[str, str]:
         return deployment_environment(self.base_dir, self.config, self.database_url, self.env)
 
-    def start(self) -> LiveWorker:
-        """Start the worker; return once it logged its start line (fails after a minute)."""
+    def start(self, until: str = STARTED) -> LiveWorker:
+        """Start the worker; return once it logged its start line, or the line `until`
+        (fails after a minute)."""
         assert self.process is None or self.process.poll() is not None, "already running"
-        already = self.log.read_text(errors="replace").count(STARTED) if self.log.exists() else 0
+        already = self.log.read_text(errors="replace").count(until) if self.log.exists() else 0
         with open(self.log, "ab") as output:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "flask", "--app", self.app, "worker"],
@@ -61,7 +62,7 @@ class LiveWorker:
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + START_SECONDS
-        while self.log.read_text(errors="replace").count(STARTED) <= already:
+        while self.log.read_text(errors="replace").count(until) <= already:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 raise AssertionError(f"the worker did not start{self.log_tail()}")

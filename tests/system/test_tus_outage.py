@@ -114,12 +114,11 @@ class FaultRelay:
 @pytest.fixture
 def server(base_dir: Path, own_postgres_url: str, tmp_path: Path) -> Iterator[LiveServer]:
     # A server of this module's own, stopped and started again by the test, with commits
-    # as durable as a production server's: what the app was told is stored survives. One
-    # worker: the server is ready once a worker answers, and a second one still loading the
-    # app when the first outage begins cannot reach the database, fails to boot, and
-    # gunicorn then stops the whole server, which is not what this test is about.
+    # as durable as a production server's: what the app was told is stored survives. Two
+    # workers: one still loading the app when the first outage begins waits for the
+    # database and serves once it is back (web/startup.py).
     started = start_server(
-        base_dir, database_url=own_postgres_url, workers=1, log=tmp_path / "server.log"
+        base_dir, database_url=own_postgres_url, workers=2, log=tmp_path / "server.log"
     )
     try:
         yield started

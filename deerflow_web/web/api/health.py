@@ -18,7 +18,6 @@ from deerflow_web.services.health import check_readiness
 from deerflow_web.services.health import scanner_state
 from deerflow_web.web.marks import probe
 from deerflow_web.web.wiring import get_services
-from deerflow_web.web.wiring import get_upload_service
 
 bp = Blueprint("health", __name__)
 
@@ -37,11 +36,14 @@ def healthz() -> ResponseReturnValue:
 def readyz() -> ResponseReturnValue:
     """Ready when the records database answers, the data dir takes a file and (on S3)
     the bucket answers."""
-    service = get_upload_service()
-    copies = service.paths.copies
+    services = get_services()
+    copies = services.uploads.paths.copies
     # On S3 the store is an S3ObjectStore, whose `ping` is one HeadBucket.
     ping_bucket = getattr(copies.store, "ping", None) if copies is not None else None
-    readiness = check_readiness(service.records.ping, service.paths.base_dir, ping_bucket)
+    # Not ready either while start-up still waits for the database (web/startup.py).
+    readiness = check_readiness(
+        services.ping_database, services.uploads.paths.base_dir, ping_bucket
+    )
     body: dict[str, str] = {
         "status": "ok" if readiness.ready else "unavailable",
         "database": readiness.database,
@@ -52,7 +54,6 @@ def readyz() -> ResponseReturnValue:
     # The scanner is reported, and does not take the instance out of rotation: every
     # instance shares it, and listing and downloading work without it (uploads are
     # refused one by one with 503 while it is down, unless accepted unscanned).
-    services = get_services()
     body["scanner"] = scanner_state(services.scanner)
     # `off`: this instance runs no conversions, rescans or sweeps (`jobs.run_in_web`);
     # workers must, or jobs stay queued. Reported, never a reason to leave rotation.

@@ -53,6 +53,7 @@ from urllib.parse import unquote
 import gevent
 from gevent import socket as gevent_socket
 from gevent.server import StreamServer
+from gunicorn.errors import AppImportError
 from gunicorn.http.body import ChunkedReader
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
@@ -298,7 +299,15 @@ class Worker(GeventWorker):
         self._public_endpoints: frozenset[str] = frozenset()
 
     def load_wsgi(self) -> None:
-        super().load_wsgi()
+        try:
+            super().load_wsgi()
+        except SystemExit as stop:
+            if not isinstance(stop.code, str):
+                raise
+            # app.py's one-line refusal of a configuration that cannot work (a database
+            # that refuses its user, say). As a plain exit the arbiter would boot worker
+            # after worker; as a load error it prints the line and stops the server.
+            raise AppImportError(stop.code) from None
         settings = getattr(self.wsgi, "config", {}).get("DEERFLOW_SETTINGS")
         if isinstance(settings, Settings):
             self.idle_timeout = settings.idle_timeout_seconds
