@@ -259,7 +259,11 @@ def init_app(app: Flask, settings: Settings) -> None:
     secure_data_dir(settings.base_dir)
     services = Services(settings)
     sweep_stale_work_folders()  # of converters whose server was killed; no database needed
-    services.startup.begin()
+    try:
+        services.startup.begin()
+    except ConfigError:
+        services.engine.dispose()  # the process stops: its connections with it
+        raise
     app.extensions[EXTENSION_KEY] = services
 
     def refuse_until_started() -> None:
