@@ -63,7 +63,7 @@ def _free_ports(count: int) -> list[int]:
 class SeaweedFS:
     """One `weed server` process with an S3 gateway, and its data dir."""
 
-    def __init__(self, folder: Path, *, volume_size_mb: int = 64, max_volumes: int = 24) -> None:
+    def __init__(self, folder: Path, *, volume_size_mb: int = 64, max_volumes: int = 240) -> None:
         self.folder = folder
         self.data = folder / "data"
         self.data.mkdir(parents=True, exist_ok=True)
@@ -92,8 +92,10 @@ class SeaweedFS:
             encoding="utf-8",
         )
         master_grpc, volume_grpc, filer_grpc, s3_grpc = self._grpc_ports
-        # Volumes are sparse files: with too few, the filer took the last free slots for
-        # itself about a minute after start and PUTs failed with "No writable volumes".
+        # Volumes are sparse files, and each bucket (a collection) grows several of its own:
+        # with too few, the filer took the last free slots for itself about a minute after
+        # start, and a module's new bucket, later in a process whose server already held
+        # seven, had PUTs failing with "No writable volumes" (InternalError).
         self.command = [
             weed_binary() or "weed",
             "server",

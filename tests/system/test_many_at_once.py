@@ -56,6 +56,7 @@ def test_readyz_when_all_is_well(client: FlaskClient, base_dir: Path) -> None:
         "status": "ok",
         "database": "ok",
         "storage": "ok",
+        "bucket": "off",
         "scanner": "off",
         "jobs": "on",
     }

@@ -31,21 +31,35 @@ BUCKET = "deerflow-instances"
 
 
 @pytest.fixture
-def bucket(seaweedfs: SeaweedFS) -> S3ObjectStore:
+def s3_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SeaweedFS]:
+    """The session's SeaweedFS; a server of the test's own for a test marked
+    `own_s3_server`, which stops it (the session's must never go down under others)."""
+    if request.node.get_closest_marker("own_s3_server") is None:
+        yield request.getfixturevalue("seaweedfs")
+        return
+    server = SeaweedFS.start(tmp_path / "seaweedfs")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def bucket(s3_server: SeaweedFS) -> S3ObjectStore:
     """This test's own prefix of the shared bucket, as the instances see it."""
-    return seaweedfs.store(BUCKET, prefix=f"t-{secrets.token_hex(6)}")
+    return s3_server.store(BUCKET, prefix=f"t-{secrets.token_hex(6)}")
 
 
 @pytest.fixture
 def on_s3(
-    monkeypatch: pytest.MonkeyPatch, seaweedfs: SeaweedFS, bucket: S3ObjectStore, database_url: str
+    monkeypatch: pytest.MonkeyPatch, s3_server: SeaweedFS, bucket: S3ObjectStore, database_url: str
 ) -> None:
     """Every app made from here on keeps its files in `bucket`, its records in one database."""
     monkeypatch.setenv("DATABASE_URL", database_url)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
     monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
-    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_ENDPOINT_URL", seaweedfs.endpoint_url)
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_ENDPOINT_URL", s3_server.endpoint_url)
     monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", BUCKET)
     monkeypatch.setenv("DEER_FLOW_STORAGE_S3_REGION", "us-east-1")
     monkeypatch.setenv("DEER_FLOW_STORAGE_S3_PREFIX", bucket.prefix.rstrip("/"))
@@ -197,12 +211,13 @@ def test_deleting_a_thread_takes_its_bytes_out_of_the_bucket(
     assert a.download("t5", "1.txt").status_code == 404
 
 
+@pytest.mark.own_s3_server
 def test_an_upload_while_the_bucket_is_down_changes_nothing_and_says_when_to_retry(
-    instances: tuple[Instance, Instance], seaweedfs: SeaweedFS
+    instances: tuple[Instance, Instance], s3_server: SeaweedFS
 ) -> None:
     a, b = instances
     assert a.uploads.upload("t6", (b"before", "kept.txt")).status_code == 200
-    seaweedfs.stop()
+    s3_server.stop()
     try:
         refused = a.uploads.upload("t6", (b"during", "new.txt"), (b"x", "kept.txt"))
         assert refused.status_code == 503
@@ -214,7 +229,7 @@ def test_an_upload_while_the_bucket_is_down_changes_nothing_and_says_when_to_ret
         assert fetch.status_code == 503
         assert not b.local("t6", "kept.txt").exists()
     finally:
-        seaweedfs.start_again()
+        s3_server.start_again()
     assert b.download("t6", "kept.txt").data == b"before"
     assert a.uploads.upload("t6", (b"after", "new.txt")).status_code == 200
     assert b.download("t6", "new.txt").data == b"after"

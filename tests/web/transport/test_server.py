@@ -115,6 +115,7 @@ def test_health_endpoints_under_gunicorn(base_dir: Path, tmp_path: Path) -> None
             "status": "ok",
             "database": "ok",
             "storage": "ok",
+            "bucket": "off",
             "scanner": "off",
             "jobs": "on",
         }
