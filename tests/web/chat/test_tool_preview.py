@@ -118,7 +118,9 @@ def test_the_panel_is_bounded_by_the_same_grep_budget(
     cpu_seconds = time.thread_time() - started
 
     assert response.status_code == 200
-    assert cpu_seconds < 0.5 + 0.5
+    # The budget and the request's own work (the page, the JSON): an unbounded search of
+    # both files takes several CPU-seconds, and stopping inside a.txt is asserted below.
+    assert cpu_seconds < 0.5 + 1.0
     answer = json.loads(_answer(response))
     assert answer["truncated"] is True
     assert answer["stopped_at"]["path"] == "/mnt/user-data/uploads/a.txt"
