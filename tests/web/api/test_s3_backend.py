@@ -21,8 +21,7 @@ from tests.helpers import USER_ID
 from tests.helpers import UploadActions
 from tests.helpers import thread_dir
 from tests.helpers import uploads_dir
-from tests.support.seaweedfs import ACCESS_KEY
-from tests.support.seaweedfs import SECRET_KEY
+from tests.support.s3_deployment import s3_environment
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.same_in_both_modes
@@ -56,13 +55,8 @@ def on_s3(
 ) -> None:
     """Every app made from here on keeps its files in `bucket`, its records in one database."""
     monkeypatch.setenv("DATABASE_URL", database_url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("DEER_FLOW_STORAGE_BACKEND", "s3")
-    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_ENDPOINT_URL", s3_server.endpoint_url)
-    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", BUCKET)
-    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_REGION", "us-east-1")
-    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_PREFIX", bucket.prefix.rstrip("/"))
+    for name, value in s3_environment(s3_server.endpoint_url, BUCKET, bucket.prefix).items():
+        monkeypatch.setenv(name, value)
 
 
 class Instance:
