@@ -31,8 +31,11 @@ from deerflow_web.storage.objects import ObjectStore
 from deerflow_web.storage.objects import area_key
 from deerflow_web.storage.objects import sweep_stale_uploads
 from deerflow_web.storage.objects.disk import DiskObjectStore
+from deerflow_web.storage.objects.keys import blob_key
+from deerflow_web.storage.objects.keys import incoming_key
 from deerflow_web.storage.objects.s3 import MIN_PART_SIZE
 from deerflow_web.storage.objects.s3 import S3ObjectStore
+from deerflow_web.storage.objects.working_copy import WorkingCopies
 from tests.support.seaweedfs import ACCESS_KEY
 from tests.support.seaweedfs import SECRET_KEY
 from tests.support.seaweedfs import SeaweedFS
@@ -510,3 +513,45 @@ def test_writers_side_by_side_on_gevents_loop(store: ObjectStore) -> None:
     assert done.stdout.strip() == "ok"
     assert len(list(store.list_keys())) == 4
     assert store.list_stale_uploads() == []
+
+
+# -- an upload streamed before its SHA-256 was known becomes the thread's blob ---------
+
+SCOPE = "users/u1/threads/t1"
+
+
+def test_adopted_bytes_become_the_blob_and_the_incoming_key_goes(store: ObjectStore) -> None:
+    body = os.urandom(3 * MiB)
+    incoming = incoming_key(SCOPE, uuid.uuid4().hex)
+    sha256 = write(store, incoming, body)
+    copies = WorkingCopies(store, "unused")
+
+    copies.adopt(SCOPE, incoming, sha256)
+
+    assert read_all(store, blob_key(SCOPE, sha256)) == body
+    assert not store.exists(incoming)
+    assert [info.key for info in store.list_keys(SCOPE + "/")] == [blob_key(SCOPE, sha256)]
+
+
+def test_adopting_bytes_the_thread_holds_drops_the_incoming_copy(store: ObjectStore) -> None:
+    body = b"the same report twice\n" * 100
+    first = write(store, blob_key(SCOPE, hashlib.sha256(body).hexdigest()), body)
+    incoming = incoming_key(SCOPE, "second")
+    write(store, incoming, body)
+
+    WorkingCopies(store, "unused").adopt(SCOPE, incoming, first)
+
+    assert [info.key for info in store.list_keys(SCOPE + "/")] == [blob_key(SCOPE, first)]
+    assert read_all(store, blob_key(SCOPE, first)) == body
+
+
+def test_adopting_a_vanished_upload_is_a_storage_failure(store: ObjectStore) -> None:
+    with pytest.raises(StorageFailure, match="gone"):
+        WorkingCopies(store, "unused").adopt(SCOPE, incoming_key(SCOPE, "never"), "a" * 64)
+    assert list(store.list_keys()) == []
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", "."])
+def test_an_incoming_name_is_one_plain_segment(name: str) -> None:
+    with pytest.raises(InvalidObjectKey):
+        incoming_key(SCOPE, name)

@@ -9,6 +9,9 @@ Two kinds of key:
   names when the app serves from a bucket (`working_copy`). Keyed by content within the
   thread: a replace points a record at other bytes (atomic for every reader), a rename
   moves nothing, and deleting a thread is deleting its prefix.
+- **An upload on its way**: `{scope}/incoming/{name}` (`incoming_key`), where bytes stream
+  while their SHA-256 is not known yet (a large upload, a resumable one); once it is, they
+  become the thread's blob (`WorkingCopies.adopt`). Nothing reads an incoming key.
 
 The S3 backend puts `storage.s3.prefix` in front, so a bucket listing reads like the data
 dir's tree.
@@ -82,3 +85,23 @@ def blob_key(scope: str, sha256: str) -> str:
     if len(sha256) != 64 or not all(c in "0123456789abcdef" for c in sha256):
         raise InvalidObjectKey(sha256)
     return check_key(f"{scope}/{BLOBS_FOLDER}/{sha256}")
+
+
+INCOMING_FOLDER = "incoming"
+
+
+def incoming_key(scope: str, name: str) -> str:
+    """The key bytes stream to before their SHA-256 is known; `name` is unique to the
+    upload (a random token, a resumable upload's id).
+
+    Raises:
+        InvalidObjectKey: `name` is empty or not one path segment.
+    """
+    if not name or "/" in name:
+        raise InvalidObjectKey(name)
+    return check_key(f"{scope}/{INCOMING_FOLDER}/{name}")
+
+
+def incoming_prefix(scope: str = "") -> str:
+    """The listing prefix of a thread's incoming uploads."""
+    return check_prefix(f"{scope}/{INCOMING_FOLDER}/")

@@ -115,6 +115,30 @@ class WorkingCopies:
             self.store.delete(key)
             raise StorageFailure(f"{path.name} changed while it was stored; try again")
 
+    def adopt(self, scope: str, incoming: str, sha256: str) -> None:
+        """Make the bytes streamed to the key `incoming` the thread's blob of `sha256`, and
+        let the incoming key go.
+
+        A server-side copy: no byte passes through this process. When the thread already
+        holds the blob (the same bytes uploaded before), the incoming copy is dropped.
+        A crash between the copy and the delete leaves an incoming object nothing names,
+        which the stale-upload sweep removes.
+
+        Raises:
+            ObjectStoreUnavailable: The bucket cannot be reached.
+            StorageFailure: The incoming bytes are gone or are not `sha256`'s.
+        """
+        key = blob_key(scope, sha256)
+        if not self.store.exists(key):
+            try:
+                info = self.store.copy(incoming, key)
+            except ObjectNotFound as error:
+                raise StorageFailure(f"the upload streamed to {incoming} is gone") from error
+            if info.sha256 is not None and info.sha256 != sha256:
+                self.store.delete(key)
+                raise StorageFailure("the bytes stored in the bucket are not the ones sent")
+        self.store.delete(incoming)
+
     def push_written(self, scope: str, written: Iterable[StoredRecord]) -> None:
         """Before records are written: the bytes each describes, into the bucket."""
         for stored in written:
