@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from deerflow_web.errors import UnsafeFolder
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import ThreadRef
+from deerflow_web.services.periodic import PeriodicJob
 from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.services.threads.catalog import folder_time
 from deerflow_web.storage.database import job_leases
@@ -130,8 +130,13 @@ class RetentionSweeper:
         self.trash = trash
         self._clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._job = PeriodicJob(
+            LEASE_NAME,
+            min(interval_seconds, CHECK_SECONDS),
+            self.sweep_if_due,
+            what="retention sweep",
+            log=logger,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -141,24 +146,17 @@ class RetentionSweeper:
 
     def start(self) -> None:
         """Try a sweep every few minutes in the background (`sweep_if_due` decides)."""
-        if not self.enabled or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
-        self._thread.start()
+        if self.enabled:
+            self._job.start()
 
     def stop(self) -> None:
         """Stop the periodic sweeps (tests, shutdown)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=10)
+        self._job.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(min(self.interval_seconds, CHECK_SECONDS)):
-            try:
-                self.sweep_if_due()
-            except Exception:
-                logger.exception("retention sweep failed")
+    @property
+    def is_running(self) -> bool:
+        """Whether the periodic sweeps are on in this process."""
+        return self._job.is_running
 
     def sweep_if_due(self) -> SweepReport | None:
         """A sweep when none ran within the interval and no other instance is sweeping."""

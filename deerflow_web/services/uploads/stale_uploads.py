@@ -20,13 +20,13 @@ import logging
 import os
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable
 
 from sqlalchemy import select
 
 from deerflow_web.errors import ObjectStoreUnavailable
+from deerflow_web.services.periodic import PeriodicJob
 from deerflow_web.storage.database import job_leases
 from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.job_leases import JobLeases
@@ -60,8 +60,14 @@ class StaleUploadSweeper:
         self.interval_seconds = interval_seconds
         self._clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._job = PeriodicJob(
+            LEASE_NAME,
+            interval_seconds,
+            self.sweep_if_due,
+            what="stale upload sweep",
+            skips={ObjectStoreUnavailable: "the object store is unavailable"},
+            log=logger,
+        )
 
     def describe(self) -> str:
         """What the periodic job does, for the start-up log line."""
@@ -74,27 +80,16 @@ class StaleUploadSweeper:
 
     def start(self) -> None:
         """Try a sweep every `interval_seconds` in the background (`sweep_if_due` decides)."""
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="stale-uploads", daemon=True)
-        self._thread.start()
+        self._job.start()
 
     def stop(self) -> None:
         """Stop the periodic sweeps (shutdown, tests)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=10)
+        self._job.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_seconds):
-            try:
-                self.sweep_if_due()
-            except ObjectStoreUnavailable:
-                logger.warning("stale upload sweep skipped: the object store is unavailable")
-            except Exception:
-                logger.exception("stale upload sweep failed")
+    @property
+    def is_running(self) -> bool:
+        """Whether the periodic sweeps are on in this process."""
+        return self._job.is_running
 
     def sweep_if_due(self) -> int | None:
         """A sweep when none ran within the interval and no other instance is sweeping."""
