@@ -20,7 +20,6 @@ app or an agent's sandbox). A thread with an upload in progress is never removed
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -42,11 +41,9 @@ from deerflow_web.models import ThreadRef
 from deerflow_web.services.periodic import PeriodicJob
 from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.services.threads.catalog import folder_time
-from deerflow_web.storage.database import job_leases
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import threads
 from deerflow_web.storage.database import uploads
-from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.paths import is_staging_name
 
@@ -160,19 +157,11 @@ class RetentionSweeper:
 
     def sweep_if_due(self) -> SweepReport | None:
         """A sweep when none ran within the interval and no other instance is sweeping."""
-        if not self.enabled or self._last_sweep() > self._clock() - self.interval_seconds:
+        if not self.enabled:
+            return None
+        if self.leases.last_run(LEASE_NAME) > self._clock() - self.interval_seconds:
             return None
         return self.sweep()
-
-    def _last_sweep(self) -> float:
-        with self.engine.connect() as db:
-            state = db.execute(
-                select(job_leases.c.state).where(job_leases.c.name == LEASE_NAME)
-            ).scalar_one_or_none()
-        try:
-            return float(json.loads(state or "{}").get("last_sweep", 0.0))
-        except (ValueError, AttributeError, TypeError):
-            return 0.0
 
     # --- one sweep ----------------------------------------------------------------------
 
@@ -188,7 +177,7 @@ class RetentionSweeper:
                 self.trash.purge_expired_trash(now)
             if self.thread_days is not None:
                 self._sweep_threads(now - self.thread_days * 86400, report)
-            self._remember(now)
+            self.leases.remember_run(LEASE_NAME, now)
         finally:
             self.leases.release(LEASE_NAME, self.owner)
         logger.info("%s", report.summary())
@@ -302,11 +291,3 @@ class RetentionSweeper:
             (mtime_ns or 0) / 1e9,
             folder_time(self.catalog.paths, ref),
         )
-
-    def _remember(self, now: float) -> None:
-        with write_transaction(self.engine) as db:
-            db.execute(
-                job_leases.update()
-                .where(job_leases.c.name == LEASE_NAME)
-                .values(state=json.dumps({"last_sweep": now}))
-            )

@@ -15,7 +15,6 @@ every `CHECK_SECONDS` sweep about once per interval between them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -23,12 +22,8 @@ import socket
 import time
 from collections.abc import Callable
 
-from sqlalchemy import select
-
 from deerflow_web.errors import ObjectStoreUnavailable
 from deerflow_web.services.periodic import PeriodicJob
-from deerflow_web.storage.database import job_leases
-from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.base import sweep_stale_uploads
@@ -93,7 +88,7 @@ class StaleUploadSweeper:
 
     def sweep_if_due(self) -> int | None:
         """A sweep when none ran within the interval and no other instance is sweeping."""
-        if self._last_sweep() > self._clock() - self.interval_seconds:
+        if self.leases.last_run(LEASE_NAME) > self._clock() - self.interval_seconds:
             return None
         return self.sweep()
 
@@ -113,7 +108,7 @@ class StaleUploadSweeper:
             return None
         try:
             aborted = sweep_stale_uploads(self.store, older_than=self.older_than_seconds)
-            self._remember(now)
+            self.leases.remember_run(LEASE_NAME, now)
         finally:
             self.leases.release(LEASE_NAME, self.owner)
         if aborted:
@@ -126,21 +121,3 @@ class StaleUploadSweeper:
         else:
             logger.info("stale upload sweep: no unfinished upload to abort")
         return aborted
-
-    def _last_sweep(self) -> float:
-        with self.engine.connect() as db:
-            state = db.execute(
-                select(job_leases.c.state).where(job_leases.c.name == LEASE_NAME)
-            ).scalar_one_or_none()
-        try:
-            return float(json.loads(state or "{}").get("last_sweep", 0.0))
-        except (ValueError, AttributeError, TypeError):
-            return 0.0
-
-    def _remember(self, now: float) -> None:
-        with write_transaction(self.engine) as db:
-            db.execute(
-                job_leases.update()
-                .where(job_leases.c.name == LEASE_NAME)
-                .values(state=json.dumps({"last_sweep": now}))
-            )
