@@ -121,20 +121,7 @@ def test_a_good_configuration_is_not_refused(tmp_path: Path) -> None:
     """The same command with nothing wrong gets past loading the app (its CLI answers)."""
     empty = tmp_path / "empty.yaml"
     empty.write_text("", encoding="utf-8")
-    env = {
-        **os.environ,
-        "DEER_FLOW_HOME": str(tmp_path / "data"),
-        "DEER_FLOW_CONFIG_PATH": str(empty),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "app", "routes"],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=START_SECONDS,
-        check=False,
-    )
+    environment = {"DEER_FLOW_HOME": str(tmp_path / "data"), "DEER_FLOW_CONFIG_PATH": str(empty)}
+    result = run_flask("routes", {**os.environ, **environment})
     assert result.returncode == 0, result.stderr
     assert "/api/threads/<thread_id>/uploads" in result.stdout
