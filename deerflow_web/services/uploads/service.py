@@ -247,8 +247,9 @@ class _UploadBatch:
     """One request's parts: checked, streamed to staging files, then committed together.
 
     With `incoming` (the S3 backend: a thread's `WorkingCopies.open_incoming`) each part
-    also streams into the bucket while it arrives, so its bytes are there, all but the
-    last part, when the body ends; `discard` leaves nothing of them in the bucket.
+    also streams into the bucket while it arrives, its upload completed where it ends
+    (an incoming object, made the blob at push time); `discard` leaves nothing of them in
+    the bucket.
     """
 
     def __init__(
@@ -357,6 +358,10 @@ class _UploadBatch:
             if item.scan is not None:
                 item.scan.feed(chunk)  # scanned while it streams, not after
         item.sha256, item.content_type = staging.finish(item.name)
+        if item.incoming is not None:
+            # Its last part goes now, not at the commit: the next part of the request
+            # streams with no buffer of this one held.
+            item.incoming.finish()
 
     def _ensure_folder(self) -> None:
         """Create the folder (never through a link) once per request, not once per part:

@@ -10,9 +10,11 @@ folders in the data dir; this module keeps those folders true to the records:
 - **No record without its bytes in the bucket.** Every record write pushes the file it
   describes to the bucket first, in the write's own transaction (`push_written`, called by
   `DatabaseUploadRecords` before each write): if the bucket cannot take it, the write fails
-  and rolls back, and the upload answers 503 with nothing changed. A large upload is pushed
-  once it has streamed, before its commit takes the thread's lock (`push`), so other
-  writers of the thread do not wait for the copy.
+  and rolls back, and the upload answers 503 with nothing changed. An upload's body streams
+  into the bucket as it arrives, at an incoming key (`open_incoming`), and becomes the
+  thread's blob by a server-side copy once its SHA-256 is known, before its commit takes
+  the thread's lock (`store_staged`, `adopt`); a file below one part, or staged elsewhere,
+  is pushed there instead (`push`). Other writers of the thread never wait for the copy.
 - **Bytes are keyed by their SHA-256 within the thread** (`keys.blob_key`). Replacing a
   file only points its record at other bytes, so what a reader of the bucket sees switches
   atomically with the records, a rename moves no bytes, and the earlier bytes a version or

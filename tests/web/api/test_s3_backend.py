@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import zipfile
 from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
@@ -27,6 +28,8 @@ from tests.helpers import USER_ID
 from tests.helpers import UploadActions
 from tests.helpers import thread_dir
 from tests.helpers import uploads_dir
+from tests.support.clamd import EICAR
+from tests.support.clamd import Clamd
 from tests.support.s3_deployment import s3_environment
 from tests.support.seaweedfs import SeaweedFS
 
@@ -490,3 +493,21 @@ def test_the_bucket_stopping_mid_upload_answers_503_and_keeps_nothing(
     sweep_stale_uploads(bucket)
     assert_nothing_in_flight(bucket)
     assert upload(a, "s6", (secrets.token_bytes(LARGE), "after.bin")).status_code == 200
+
+
+def test_an_infected_upload_streamed_into_the_bucket_is_taken_back_out(
+    on_s3: None, make_app: Any, tmp_path: Path, bucket: S3ObjectStore, clamd: Clamd
+) -> None:
+    app = make_app(BASE_DIR=str(tmp_path), scanning={"clamd": clamd.address, "timeout_seconds": 10})
+    a = Instance(app, tmp_path)
+    archive = BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as bundle:
+        bundle.writestr("padding.bin", secrets.token_bytes(LARGE))  # parts sent as it streams
+        bundle.writestr("eicar.com", EICAR)
+    clean = secrets.token_bytes(LARGE)
+    answer = upload(a, "s7", (archive.getvalue(), "bundle.zip"), (clean, "clean.bin"))
+    assert answer.status_code == 200, answer.get_json()
+    assert [f["filename"] for f in answer.get_json()["rejected_files"]] == ["bundle.zip"]
+    assert a.uploads.names("s7") == ["clean.bin"]
+    assert bucket_keys(bucket, "s7") == [blob_key(scope_of("s7"), sha(clean))]
+    assert_nothing_in_flight(bucket)
