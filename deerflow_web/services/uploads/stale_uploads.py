@@ -6,6 +6,12 @@ to readers, but its parts stay stored, and billed, until someone aborts it. Noth
 ever will, so every instance tries a sweep now and then, and `flask --app app files
 sweep` runs one now.
 
+An upload streams into the bucket at an incoming key (`keys.incoming_key`) while its
+body arrives; once its SHA-256 is known it is copied to the thread's blob and the incoming
+object deleted. A process killed between the two (or between completing the upload and
+committing it) leaves an incoming object nothing will ever name: the sweep deletes those
+too, by the same age rule.
+
 S3 cannot tell an upload a live instance is still sending from a dead one's, so the age
 is the whole rule (`storage.s3.stale_upload_hours`, longer than any push may take). One
 instance at a time sweeps: a sweep runs while it holds the `stale-uploads` lease of
@@ -27,6 +33,7 @@ from deerflow_web.services.periodic import PeriodicJob
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.base import sweep_stale_uploads
+from deerflow_web.storage.objects.keys import INCOMING_FOLDER
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +115,7 @@ class StaleUploadSweeper:
             return None
         try:
             aborted = sweep_stale_uploads(self.store, older_than=self.older_than_seconds)
+            aborted += remove_stale_incoming(self.store, now - self.older_than_seconds)
             self.leases.remember_run(LEASE_NAME, now)
         finally:
             self.leases.release(LEASE_NAME, self.owner)
@@ -121,3 +129,27 @@ class StaleUploadSweeper:
         else:
             logger.info("stale upload sweep: no unfinished upload to abort")
         return aborted
+
+
+def remove_stale_incoming(store: ObjectStore, cutoff: float) -> int:
+    """Delete every incoming object (`{scope}/incoming/{name}`) last written before
+    `cutoff`; return how many went.
+
+    Incoming keys sit inside each thread's prefix, and a thread that never committed a file
+    has no row to find it by, so the bucket's keys are listed (one request per thousand
+    keys, once per sweep interval by one instance) and the incoming ones picked out.
+    """
+    removed = 0
+    for info in list(store.list_keys()):
+        if not _is_incoming(info.key):
+            continue
+        if info.modified is not None and info.modified > cutoff:
+            continue  # an upload on its way, or just adopted
+        store.delete(info.key)
+        removed += 1
+    return removed
+
+
+def _is_incoming(key: str) -> bool:
+    parts = key.split("/")
+    return len(parts) >= 3 and parts[-2] == INCOMING_FOLDER
