@@ -11,6 +11,8 @@ import pytest
 from deerflow_web.services.periodic import PeriodicJob
 from tests.helpers import wait_until
 
+pytestmark = pytest.mark.same_in_both_modes  # nothing here reads the mode
+
 LOGGER = "tests.periodic"
 
 

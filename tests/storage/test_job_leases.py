@@ -14,6 +14,8 @@ from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.migrate import open_database
 
+pytestmark = pytest.mark.same_in_both_modes  # nothing here reads the mode
+
 
 @pytest.fixture
 def leases(base_dir: Path, database_url: str) -> Iterator[JobLeases]:

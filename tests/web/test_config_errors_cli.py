@@ -13,6 +13,8 @@ import pytest
 
 from deerflow_web.storage.database import DATABASE_FILE
 
+pytestmark = pytest.mark.same_in_both_modes  # nothing here reads the mode
+
 ROOT = Path(__file__).resolve().parents[2]
 CANNOT_START = "deerflow-web cannot start: "
 START_SECONDS = 120  # importing the app on a busy machine; a server that starts fails

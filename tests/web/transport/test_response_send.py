@@ -14,7 +14,9 @@ from gevent import socket as gevent_socket
 
 from deerflow_web.web.transport import server
 from deerflow_web.web.transport.server import _SendfileSocket
-from tests.web.transport.test_server import gunicorn
+from tests.support.live_server import LiveServer
+
+pytestmark = pytest.mark.same_in_both_modes  # nothing here reads the mode
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
 STREAM_HEAD = (
@@ -133,8 +135,9 @@ def test_under_gunicorn_a_small_answer_arrives_whole(base_dir: Path, tmp_path: P
         b"Content-Length: " + str(len(part)).encode() + b"\r\n\r\n" + part
     )
     listing = b"GET /api/threads/T/uploads/list HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    with gunicorn(base_dir, tmp_path) as port:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+    server = LiveServer(base_dir, single_user=True)  # `make run`'s server, one worker
+    with server.start():
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as client:
             for request in (upload, listing):
                 client.sendall(request)
                 first = client.recv(1 << 20)
