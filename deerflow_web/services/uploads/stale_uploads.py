@@ -32,6 +32,7 @@ from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.base import sweep_stale_uploads
+from deerflow_web.storage.resumable import DatabaseResumableStore
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,11 @@ class StaleUploadSweeper:
             logger.info("stale upload sweep skipped: another instance is sweeping")
             return None
         try:
-            aborted = sweep_stale_uploads(self.store, older_than=self.older_than_seconds)
+            aborted = sweep_stale_uploads(
+                self.store,
+                older_than=self.older_than_seconds,
+                keep=DatabaseResumableStore(self.engine).live_multipart_uploads,
+            )
             self._remember(now)
         finally:
             self.leases.release(LEASE_NAME, self.owner)
