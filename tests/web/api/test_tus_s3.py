@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from deerflow_web.errors import StorageFailure
 from deerflow_web.storage.objects.keys import blob_key
 from deerflow_web.storage.objects.s3 import S3ObjectStore
 from deerflow_web.web.wiring import EXTENSION_KEY
@@ -317,3 +318,26 @@ def test_a_name_refused_at_the_end_leaves_nothing_on_its_way(
     assert bucket.list_stale_uploads() == []
     assert not [k for k in bucket_keys(bucket, "t1") if "/incoming/" in k]
     served_equal(a, "t1", "taken.bin", b"first")
+
+
+def test_a_commit_that_failed_on_a_is_finished_by_a_head_on_b(
+    instances: tuple[Instance, Instance],
+    bucket: S3ObjectStore,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = instances
+    data = os.urandom(9 * MiB)
+    url = tus(a).start("t1", len(data), "retried.bin")
+
+    def database_gone(*args: Any, **kwargs: Any) -> Any:
+        raise StorageFailure("the database is out of reach")
+
+    monkeypatch.setattr(services(a).resumable.intake, "accept_staged", database_gone)
+    failed = tus(a).patch(url, 0, data)
+    assert failed.status_code >= 500
+    assert a.uploads.names("t1") == b.uploads.names("t1") == []
+    assert tus(b).offset(url) == len(data)  # B commits it from the blob
+    assert b.uploads.names("t1") == a.uploads.names("t1") == ["retried.bin"]
+    served_equal(a, "t1", "retried.bin", data)
+    served_equal(b, "t1", "retried.bin", data)
+    only_the_blob(bucket, "t1", data)
