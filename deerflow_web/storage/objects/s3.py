@@ -63,6 +63,7 @@ DEFAULT_PART_SIZE = 8 * 1024 * 1024  # one buffer per writer: 8 MiB bounds its m
 MAX_PARTS = 10_000  # S3's limit: 8 MiB parts reach 78 GiB, far above any upload limit
 MAX_COPY_SIZE = 5 * 1024**3  # CopyObject's limit; larger objects are copied in parts
 COPY_PART_SIZE = 512 * 1024 * 1024
+PROBE_TIMEOUT_SECONDS = 2.0  # a readiness probe answers within a few seconds
 SHA256_METADATA = "sha256"  # x-amz-meta-sha256: the hex digest, on single-PUT objects
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 
@@ -141,6 +142,20 @@ class S3ObjectStore:
             region_name=region or "us-east-1",
             config=config,
         )
+        # Readiness asks once and briefly: a probe that retried with the full timeouts
+        # would take up to 15 s to say the bucket is gone, longer than a probe waits.
+        self._probe = session.client(
+            "s3",
+            endpoint_url=endpoint_url or None,
+            region_name=region or "us-east-1",
+            config=config.merge(
+                Config(
+                    connect_timeout=min(connect_timeout, PROBE_TIMEOUT_SECONDS),
+                    read_timeout=PROBE_TIMEOUT_SECONDS,
+                    retries={"total_max_attempts": 1, "mode": "standard"},
+                )
+            ),
+        )
 
     def with_prefix(self, prefix: str) -> S3ObjectStore:
         """The same bucket, client and connection pool under another prefix."""
@@ -213,7 +228,7 @@ class S3ObjectStore:
             StorageFailure: It refuses (credentials, permissions, no such bucket).
         """
         with self._errors(self.bucket):
-            self.client.head_bucket(Bucket=self.bucket)
+            self._probe.head_bucket(Bucket=self.bucket)
 
     def open_writer(self, key: str) -> S3Writer:
         return S3Writer(self, key, self._full(key))

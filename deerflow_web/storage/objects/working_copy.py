@@ -26,6 +26,9 @@ folders in the data dir; this module keeps those folders true to the records:
   is removed. A fetched file gets its record's mtime, so a file here is current when its
   size and mtime are the record's: one `lstat` each, no hashing.
 
+The copies stay within `storage.s3.working_copy_max_bytes` when it is set: the threads
+read longest ago let go of their fetched files (`eviction`), fetched again when next read.
+
 The folder is a copy the app alone writes: an edit behind its back is not picked up as
 in the local backend (which the records then follow); the next write of that name, or a
 fetch after its size or mtime moved, wins.
@@ -54,6 +57,7 @@ from deerflow_web.storage.history import trashed_in
 from deerflow_web.storage.history import versions_in
 from deerflow_web.storage.objects.base import READ_CHUNK
 from deerflow_web.storage.objects.base import ObjectStore
+from deerflow_web.storage.objects.eviction import mark_used
 from deerflow_web.storage.objects.keys import blob_key
 from deerflow_web.storage.objects.keys import blobs_prefix
 from deerflow_web.storage.paths import VERSIONS_FOLDER
@@ -157,6 +161,7 @@ class WorkingCopies:
         """
         records = self._records()
         scope = folders.scope
+        mark_used(folders.thread_dir())  # spared by the eviction while it is read
         stored = records.all(scope)
         folder = folders.user_data_dir() / Area.UPLOADS.value
         here = _regular_files(folder)
@@ -197,6 +202,7 @@ class WorkingCopies:
         """
         records = self._records()
         scope = folders.scope
+        mark_used(folders.thread_dir())
         with records.reading() as db:
             wanted, keep = _history_files(db, scope, kind)
         here = _entries(folder)

@@ -281,6 +281,11 @@ def test_worker_gets_private_home_and_no_secrets(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     monkeypatch.setenv("SECRET_KEY", "session-secret")
     monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://app:db-secret@db/deerflow")
+    # The bucket's credentials (storage.backend: s3): the worker gets the document's bytes
+    # on its standard input, never a way into the bucket.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "bucket-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "bucket-secret")
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_BUCKET", "the-bucket")
     source = make_docx(docs / "report.docx")
     reporter = stand_in(
         "import json, os, sys\n"
@@ -293,6 +298,8 @@ def test_worker_gets_private_home_and_no_secrets(
     seen = (docs / "report.md").read_text(encoding="utf-8")
     assert "sk-secret" not in seen
     assert "session-secret" not in seen and "db-secret" not in seen
+    assert "bucket-key-id" not in seen and "bucket-secret" not in seen
+    assert "the-bucket" not in seen
     assert str(real_home) not in seen
     assert list(real_home.iterdir()) == []
 

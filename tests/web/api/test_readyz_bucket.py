@@ -3,7 +3,10 @@ reach it is not ready and says why; `/healthz` stays 200. On the local disk: `of
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import socket
+import threading
 from typing import Any
 
 import pytest
@@ -53,3 +56,31 @@ def test_a_bucket_out_of_reach_is_not_ready_and_says_why(
     assert body["detail"].startswith("bucket: the object store cannot be reached")
     assert answer.headers["Cache-Control"] == "no-store"
     assert client.get("/healthz").status_code == 200
+
+
+def test_a_bucket_that_never_answers_is_asked_once(
+    make_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes the connection and says nothing (a hung gateway): the probe
+    gives up after one try of a short timeout instead of the store's three long ones."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    silent.listen(8)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(silent.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        on_s3(monkeypatch, f"http://127.0.0.1:{silent.getsockname()[1]}", BUCKET)
+        client = make_app().test_client()
+        answer = client.get("/readyz")
+        assert answer.status_code == 503
+        assert answer.get_json()["bucket"] == "failed"
+        assert len(accepted) == 1
+    finally:
+        silent.close()
+        for connection in accepted:
+            connection.close()
