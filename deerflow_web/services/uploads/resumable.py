@@ -7,6 +7,10 @@ was cut off (or its server killed) the next request finds the file's size and co
 from there, except for a checksummed chunk that never got compared, which is cut off again.
 When the last byte arrives the file goes through `UploadService.commit_staged`, the commit
 every multipart upload goes through, so both kinds of upload end in the same file and record.
+
+On the S3 backend (`S3ResumableUploadService`) instances share no disk: the bytes go to the
+bucket part by part and the offset is the database's, so a request may land on any
+instance.
 """
 
 from __future__ import annotations
@@ -897,8 +901,8 @@ class S3ResumableUploadService(ResumableUploadService):
         try:
             self.parts.complete(incoming, progress.s3_upload_id, parts)
         except StorageFailure:
-            # Completed by a request that died before storing so? Then the object is there.
-            if self.copies.store.head(incoming).size != upload.length:
+            # A request that completed it and died before storing so left the object.
+            if not self._holds(incoming, upload.length):
                 raise
         if not self.s3_store.advance(
             upload.upload_id,
@@ -912,6 +916,12 @@ class S3ResumableUploadService(ResumableUploadService):
         if progress.tail_key is not None:
             self._delete_quietly(progress.tail_key)
         return incoming
+
+    def _holds(self, key: str, size: int) -> bool:
+        try:
+            return self.copies.store.head(key).size == size
+        except ObjectNotFound:
+            return False
 
     def _finish(self, upload: ResumableUpload, owner: str) -> AcceptedUploads:
         """Every byte is in the bucket: one object, the thread's blob, then the commit.
