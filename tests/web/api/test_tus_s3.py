@@ -341,3 +341,45 @@ def test_a_commit_that_failed_on_a_is_finished_by_a_head_on_b(
     served_equal(a, "t1", "retried.bin", data)
     served_equal(b, "t1", "retried.bin", data)
     only_the_blob(bucket, "t1", data)
+
+
+class StealingBody(io.BytesIO):
+    """A body whose first read happens after another writer took the lease over."""
+
+    def __init__(self, data: bytes, steal: Any) -> None:
+        super().__init__(data)
+        self._steal = steal
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self._steal is not None:
+            self._steal, steal = None, self._steal
+            steal()
+        return super().read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def test_a_writer_whose_lease_was_taken_over_sends_nothing_more(
+    instances: tuple[Instance, Instance],
+    bucket: S3ObjectStore,  # noqa: F811
+) -> None:
+    a, b = instances
+    data = os.urandom(9 * MiB)
+    url = tus(a).start("t1", len(data), "overtaken.bin")
+    upload_id = url.rsplit("/", 1)[-1]
+    store = services(b).resumable.s3_store
+
+    def steal() -> None:  # as when a writer stalls past its lease and another takes it
+        later = time.time() + 10_000
+        assert store.take_lease(upload_id, "the-next-writer", later, later + 120)
+
+    headers = {**TUS, "Upload-Offset": "0", "Content-Type": CHUNK_TYPE}
+    headers["Content-Length"] = str(len(data))
+    response = a.client.patch(url, input_stream=StealingBody(data, steal), headers=headers)
+    assert response.status_code == 409
+    assert bucket.list_stale_uploads() == []  # its multipart upload went with it
+    assert bucket_keys(bucket, "t1") == []
+    assert tus(b).offset(url) == 0
