@@ -275,8 +275,14 @@ resumable_uploads = Table(
 resumable_parts = Table(
     "resumable_parts",
     metadata,
-    # The S3 parts a resumable upload's PATCHes sent, in order (SPEC 8 on the S3 backend).
-    Column("upload_id", String(64), primary_key=True),
+    # The S3 parts a resumable upload's PATCHes sent, in order (SPEC 8 on the S3 backend);
+    # they go with their upload, however it is removed (a thread's deletion too).
+    Column(
+        "upload_id",
+        String(64),
+        ForeignKey("resumable_uploads.upload_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
     Column("part_number", Integer, primary_key=True, autoincrement=False),
     Column("etag", Text, nullable=False),
     Column("checksum_sha256", Text, nullable=False),

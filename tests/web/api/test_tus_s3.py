@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func
+from sqlalchemy import select
 
 from deerflow_web.errors import StorageFailure
+from deerflow_web.storage.database import resumable_parts
 from deerflow_web.storage.objects.keys import blob_key
 from deerflow_web.storage.objects.s3 import S3ObjectStore
 from deerflow_web.web.wiring import EXTENSION_KEY
@@ -383,3 +386,21 @@ def test_a_writer_whose_lease_was_taken_over_sends_nothing_more(
     assert bucket.list_stale_uploads() == []  # its multipart upload went with it
     assert bucket_keys(bucket, "t1") == []
     assert tus(b).offset(url) == 0
+
+
+def test_deleting_the_thread_lets_the_sweep_abort_its_unfinished_upload(
+    instances: tuple[Instance, Instance],
+    bucket: S3ObjectStore,  # noqa: F811
+) -> None:
+    a, b = instances
+    assert a.uploads.upload("t1", (b"kept a moment", "notes.txt")).status_code == 200
+    url = tus(a).start("t1", 10 * MiB, "unfinished.bin")
+    assert patched(tus(a), url, 0, os.urandom(9 * MiB)) == 9 * MiB
+    assert b.client.delete("/api/threads/t1").status_code == 200
+    engine = services(b).engine
+    with engine.connect() as db:
+        assert db.execute(select(func.count()).select_from(resumable_parts)).scalar_one() == 0
+    sweeper = services(b).stale_uploads
+    sweeper.older_than_seconds = 0.0
+    assert sweeper.sweep() == 1  # no upload on record names it any more
+    assert bucket.list_stale_uploads() == []

@@ -5,7 +5,8 @@ across instances.
 (`s3_upload_id`), the object holding the bytes after its last full part (`tail_key`), the
 SHA-256 once the bytes became the thread's blob (`sha256`), and a lease (`lease_owner`,
 `lease_expires`): instances share no disk, so no `flock` can say who writes.
-`resumable_parts` lists the parts sent (number, ETag, SHA-256, size).
+`resumable_parts` lists the parts sent (number, ETag, SHA-256, size), removed with their
+upload.
 
 Revision ID: 0014
 Revises: 0013
@@ -36,6 +37,7 @@ def upgrade() -> None:
         sa.Column("etag", sa.Text, nullable=False),
         sa.Column("checksum_sha256", sa.Text, nullable=False),
         sa.Column("size", sa.BigInteger, nullable=False),
+        sa.ForeignKeyConstraint(["upload_id"], ["resumable_uploads.upload_id"], ondelete="CASCADE"),
     )
 
 
