@@ -42,14 +42,61 @@ from tests.support.seaweedfs import SECRET_KEY as SEAWEEDFS_SECRET_KEY
 from tests.support.seaweedfs import SeaweedFS
 from tests.support.seaweedfs import weed_missing
 
-# The modules that take longest (real processes, a real browser) start first: on several
-# processes (`make test` runs pytest-xdist, a module at a time per process) the last
-# module a process picks up is then a short one, not a minutes-long one left to run alone.
-SLOW_FIRST = ("tests/system/", "tests/browser/")
+# The modules that take longest (real processes, a real browser, OCR), longest first: on
+# several processes (`make test` runs pytest-xdist, a module at a time per process) the
+# last module a process picks up is then a short one, not a minutes-long one left to run
+# alone. Seconds of one accounts-on run on two processes, under load (about twice a
+# quiet machine's); modules not named follow, those of SLOW_FOLDERS first.
+LONGEST_FIRST = (
+    "tests/browser/test_file_manager_browser.py",  # 302 s
+    "tests/web/api/test_s3_backend.py",  # 249
+    "tests/system/test_instances.py",  # 228
+    "tests/web/test_storage_migrate.py",  # 181
+    "tests/browser/test_browser_pages.py",  # 153
+    "tests/services/conversion/test_ocr.py",  # 152
+    "tests/system/test_commit_races.py",  # 150
+    "tests/system/test_api_fuzz.py",  # 124
+    "tests/browser/test_artifacts_browser.py",  # 104
+    "tests/system/test_s3_instances.py",  # 100
+    "tests/web/test_thread_access.py",  # 85
+    "tests/browser/test_browser_resumable.py",  # 83
+    "tests/agent/test_reads_ocr.py",  # 82
+    "tests/services/conversion/test_runner.py",  # 75
+    "tests/system/test_slow_clients.py",  # 70
+    "tests/system/test_fuzz_routes.py",  # 70
+    "tests/services/conversion/test_jobs.py",  # 69
+    "tests/system/test_robustness.py",  # 66
+    "tests/system/test_deploy.py",  # 62
+    "tests/web/transport/test_server.py",  # 62
+    "tests/system/test_many_at_once.py",  # 58
+    "tests/system/test_boot_outage.py",  # 53
+    "tests/services/conversion/test_honesty.py",  # 53
+    "tests/system/test_tus_outage.py",  # 53
+    "tests/browser/test_browser_uploads.py",  # 52
+    "tests/system/test_workers.py",  # 51
+    "tests/web/api/test_scanning.py",  # 50
+    "tests/web/api/test_history.py",  # 50
+)
+SLOW_FOLDERS = ("tests/system/", "tests/browser/")
+
+
+def _running_order(item: pytest.Item) -> tuple[int, int]:
+    module = item.nodeid.split("::", 1)[0]
+    if module in LONGEST_FIRST:
+        return (0, LONGEST_FIRST.index(module))
+    return (1 if module.startswith(SLOW_FOLDERS) else 2, 0)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist hands out modules by their count of tests, most first, unless told not
+    to (`--loadscope-reorder` is its default): that left a five-minute module of a few
+    tests to run alone at the end of a pass. The order below is kept instead."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))  # stable: in order
+    items.sort(key=_running_order)  # stable: a module's tests stay in their order
 
 
 @pytest.hookimpl(wrapper=True)

@@ -461,6 +461,13 @@ class DatabaseResumableStore:
                 )
         return True
 
+    def live_upload_ids(self) -> set[str]:
+        """Every resumable upload on record: the stale-upload sweep spares their incoming
+        objects (parts' tails, the assembled object) whatever their age."""
+        with self.engine.connect() as db:
+            rows = db.execute(select(resumable_uploads.c.upload_id))
+            return {row[0] for row in rows}
+
     def live_multipart_uploads(self) -> set[str]:
         """The S3 multipart uploads that unfinished resumable uploads still name: the
         stale-upload sweep spares them whatever their age (their own expiry ends them)."""

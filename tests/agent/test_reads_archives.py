@@ -36,6 +36,11 @@ from tests.support.agent_helpers import tool_call
 from tests.support.agent_helpers import tool_messages
 from tests.support.documents import make_docx
 
+# Nothing here reads the mode: the tools, middlewares and upload service are given their
+# data dir, so they serve the single-user layout in either pass (agent/runtime.py's
+# `auth_required`), and every thread is named with its owner. The single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 UPLOADS = "/mnt/user-data/uploads"
 T1 = ThreadRef.single_user("t1")
 WORKSPACE = "/mnt/user-data/workspace"

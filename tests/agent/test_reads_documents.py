@@ -39,6 +39,11 @@ from tests.support.documents import make_encrypted_pdf
 from tests.support.documents import make_fake_legacy_doc
 from tests.support.documents import make_pdf
 
+# Nothing here reads the mode: the tools, middlewares and upload service are given their
+# data dir, so they serve the single-user layout in either pass (agent/runtime.py's
+# `auth_required`), and every thread is named with its owner. The single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 UPLOADS = "/mnt/user-data/uploads"
 PDF_LINES = ("Hello PDF world", "Revenue grew in every region.")
 DOCX_WORD = "Zanzibarite"  # only inside the Word file

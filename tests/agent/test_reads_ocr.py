@@ -33,6 +33,11 @@ from tests.support.images import make_photo_jpeg
 from tests.support.images import make_scanned_pdf
 from tests.support.images import make_text_png
 
+# Nothing here reads the mode: the tools, middlewares and upload service are given their
+# data dir, so they serve the single-user layout in either pass (agent/runtime.py's
+# `auth_required`), and every thread is named with its owner. The single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 UPLOADS = "/mnt/user-data/uploads"
 NAMES = ("scan.pdf", "shot.png", "photo.jpg", "mixed.pdf")
 

@@ -23,6 +23,11 @@ from tests.support.agent_helpers import make_runtime
 from tests.support.agent_helpers import thread_uploads
 from tests.support.agent_helpers import write_file
 
+# Nothing here reads the mode: the tools, middlewares and upload service are given their
+# data dir, so they serve the single-user layout in either pass (agent/runtime.py's
+# `auth_required`), and every thread is named with its owner. The single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 T = "t1"
 
 

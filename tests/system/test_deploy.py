@@ -92,22 +92,44 @@ class Proxy:
         )
 
 
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data dir both instances serve; the tests that share it each use a thread of
+    their own, and check only that one."""
+    path = tmp_path_factory.mktemp("deploy") / "data"
+    path.mkdir()
+    return path
+
+
 @pytest.fixture
-def proxy(base_dir: Path, tmp_path: Path) -> Iterator[Proxy]:
+def base_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The instances' data dir for a test that takes `proxy`; else a fresh one."""
+    if "proxy" in request.fixturenames:
+        return request.getfixturevalue("shared_dir")
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def running_proxy(shared_dir: Path) -> Iterator[Proxy]:
+    """nginx with deploy/nginx.conf in front of two instances, started once for the
+    module's tests (a certificate, two gunicorn servers and nginx each time cost more
+    than most of the tests themselves)."""
     if NGINX is None:
         pytest.skip("nginx is not installed (`make test` installs it)")
-    config = tmp_path / "config.yaml"
+    config = shared_dir.parent / "config.yaml"
     config.write_text(
         yaml.safe_dump(
             {"server": {"trusted_proxies": 1, "allowed_hosts": [PUBLIC_HOST, "127.0.0.1"]}}
         )
     )
-    provision_server_user(base_dir)
+    provision_server_user(shared_dir)
     # gunicorn itself believes X-Forwarded-Proto from loopback; nginx on another machine
     # would not be believed: the scheme must come from server.trusted_proxies alone.
     untrusted = {"FORWARDED_ALLOW_IPS": "192.0.2.1"}
-    instances = tuple(LiveServer(base_dir, config=config, env=untrusted) for _ in range(2))
-    prefix = tmp_path / "nginx"
+    instances = tuple(LiveServer(shared_dir, config=config, env=untrusted) for _ in range(2))
+    prefix = shared_dir.parent / "nginx"
     prefix.mkdir()
     cert = prefix / "cert"
     subprocess.run(
@@ -134,6 +156,16 @@ def proxy(base_dir: Path, tmp_path: Path) -> Iterator[Proxy]:
     finally:
         for instance in instances:
             instance.kill()
+
+
+@pytest.fixture
+def proxy(running_proxy: Proxy) -> Proxy:
+    """The proxy and both instances up: one an earlier test killed is started again (on
+    its port, as a supervisor would)."""
+    for instance in running_proxy.instances:
+        if instance.process is None:
+            instance.start()
+    return running_proxy
 
 
 def test_uploads_and_downloads_through_nginx_reach_both_instances(

@@ -209,9 +209,11 @@ def files_sweep(server: LiveServer, **env: str) -> subprocess.CompletedProcess[s
     )
 
 
-def start_slow_upload(server: LiveServer, thread_id: str, name: str, size: int) -> socket.socket:
-    """A multipart upload of `size` bytes of which only the first MiB is sent: a client
-    still streaming. The caller closes the socket."""
+def start_slow_upload(
+    server: LiveServer, thread_id: str, name: str, size: int, sent: int = MIB
+) -> socket.socket:
+    """A multipart upload of `size` bytes of which only the first `sent` are sent: a
+    client still streaming. The caller closes the socket."""
     boundary = "s3-processes-boundary"
     head = (
         f"--{boundary}\r\n"
@@ -225,7 +227,7 @@ def start_slow_upload(server: LiveServer, thread_id: str, name: str, size: int) 
         f"{auth_header_line()}Content-Type: multipart/form-data; boundary={boundary}\r\n"
         f"Content-Length: {len(head) + size + len(tail)}\r\n\r\n"
     )
-    sock.sendall(request.encode() + head + secrets.token_bytes(MIB))
+    sock.sendall(request.encode() + head + secrets.token_bytes(sent))
     return sock
 
 
@@ -381,6 +383,34 @@ def test_a_killed_mid_push_leaves_nothing_listed_and_the_sweep_aborts_its_upload
         a.kill()
         b.kill()
         proxy.close()
+
+
+def test_a_client_cut_off_mid_body_leaves_no_upload_no_incoming_object_and_no_record(
+    cluster: Cluster,
+) -> None:
+    """The body streams into the bucket as it arrives; a client gone mid-body takes all of
+    it back out: the multipart upload aborted, no incoming object, no staging file."""
+    a = cluster.server("a")
+    try:
+        a.start()
+        cut = start_slow_upload(a, "C", "cut.bin", 50 * MIB, sent=20 * MIB)
+        try:
+            # Parts of 8 MiB: the first ones are in the bucket while the body streams.
+            wait_until(lambda: cluster.bucket.list_stale_uploads(), timeout=60)
+        finally:
+            cut.close()
+        wait_until(lambda: cluster.bucket.list_stale_uploads() == [], timeout=60)
+        wait_until(lambda: staging_files(a, "C") == [], timeout=30)
+        assert list(cluster.bucket.list_keys()) == []  # no incoming object, no blob
+        assert listing(a, "C") == {}
+        # The same process stores the next upload.
+        body = secrets.token_bytes(20 * MIB)
+        assert upload(a, "C", "whole.bin", body).status_code == 200
+        assert sha256(download(a, "C", "whole.bin").content) == sha256(body)
+        assert cluster.bucket.list_stale_uploads() == []
+        assert [key.key.rsplit("/", 2)[-2] for key in cluster.bucket.list_keys()] == ["blobs"]
+    finally:
+        a.kill()
 
 
 def test_with_the_bucket_down_the_same_processes_answer_503_then_serve_again(

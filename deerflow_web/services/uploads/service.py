@@ -71,6 +71,7 @@ from deerflow_web.storage.local import is_safe_destination
 from deerflow_web.storage.local import scan_regular_files
 from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.objects import make_object_store
+from deerflow_web.storage.objects.working_copy import IncomingCopy
 from deerflow_web.storage.objects.working_copy import WorkingCopies
 from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.paths import ThreadFolders
@@ -233,6 +234,7 @@ class _Staged:
     client: str | None = None  # the multipart part's own filename, as the client wrote it
     scan: ContentScan | None = None  # fed while the part streams
     verdict: ScanVerdict | None = None  # the scanner's, once the part has ended
+    incoming: IncomingCopy | None = None  # on S3: the bytes on their way to the bucket
 
     @property
     def original_filename(self) -> str | None:
@@ -242,7 +244,13 @@ class _Staged:
 
 
 class _UploadBatch:
-    """One request's parts: checked, streamed to staging files, then committed together."""
+    """One request's parts: checked, streamed to staging files, then committed together.
+
+    With `incoming` (the S3 backend: a thread's `WorkingCopies.open_incoming`) each part
+    also streams into the bucket while it arrives, its upload completed where it ends
+    (an incoming object, made the blob at push time); `discard` leaves nothing of them in
+    the bucket.
+    """
 
     def __init__(
         self,
@@ -251,9 +259,11 @@ class _UploadBatch:
         on_conflict: OnConflict,
         make_dirs: Callable[[Path], list[Path]],
         scanner: ContentScanner | None = None,
+        incoming: Callable[[], IncomingCopy | None] | None = None,
     ) -> None:
         self.folder = folder
         self.scanner = scanner
+        self._open_incoming = incoming
         self._make_dirs = make_dirs
         self.limits = limits
         self.on_conflict = on_conflict
@@ -287,6 +297,8 @@ class _UploadBatch:
         self.staged.append(item)
         if self.scanner is not None:  # refuses here, unread, when it cannot scan
             item.scan = self.scanner.open(name)
+        if self._open_incoming is not None:
+            item.incoming = self._open_incoming()
         self._stream(incoming, item, staging)
 
     def adopt(self, name: str, staging: Staging, sha256: str, content_type: str) -> bool:
@@ -341,9 +353,15 @@ class _UploadBatch:
                 if is_disk_full(error):
                     raise InsufficientStorage(item.name) from error
                 raise StorageFailure(f"Failed to upload {incoming.filename}: {error}") from error
+            if item.incoming is not None:
+                item.incoming.write(chunk)  # waits only while the bucket is behind
             if item.scan is not None:
                 item.scan.feed(chunk)  # scanned while it streams, not after
         item.sha256, item.content_type = staging.finish(item.name)
+        if item.incoming is not None:
+            # Its last part goes now, not at the commit: the next part of the request
+            # streams with no buffer of this one held.
+            item.incoming.finish()
 
     def _ensure_folder(self) -> None:
         """Create the folder (never through a link) once per request, not once per part:
@@ -365,6 +383,8 @@ class _UploadBatch:
         for item in [i for i in self.staged if i.verdict and i.verdict.state is ScanState.INFECTED]:
             self.staged.remove(item)
             item.staging.discard()
+            if item.incoming is not None:
+                item.incoming.discard()
             found = item.verdict.found if item.verdict else None
             self.rejected.append(
                 RejectedFile(
@@ -377,10 +397,13 @@ class _UploadBatch:
             )
 
     def discard(self) -> None:
-        """Remove every staging file and any folder this request created."""
+        """Remove every staging file, any folder this request created, and (on S3) what
+        the parts sent to the bucket."""
         for item in self.staged:
             if item.scan is not None:
                 item.scan.abort()
+            if item.incoming is not None:
+                item.incoming.discard()
             item.staging.discard()
         for folder in self._created_dirs or ():
             try:
@@ -483,12 +506,14 @@ class UploadService:
             InsufficientStorage, NoFilesProvided: nothing was written.
         """
         folders = self.folders(thread)
+        copies = self.paths.copies
         batch = _UploadBatch(
             folders.uploads_dir(),
             self.limits,
             OnConflict(on_conflict),
             folders.make_dirs,
             self.scanner,
+            (lambda: copies.open_incoming(folders.scope)) if copies is not None else None,
         )
         try:
             for incoming in files:
@@ -556,11 +581,13 @@ class UploadService:
 
     def _push_staged(self, folders: ThreadFolders, batch: _UploadBatch) -> None:
         """On the S3 backend, the staged bytes into the bucket before the commit takes the
-        thread's lock: the commit's own check then finds them there (`working_copy`)."""
+        thread's lock: the commit's own check then finds them there (`working_copy`).
+        A part that streamed into the bucket as it arrived is adopted (a server-side
+        copy); one below a part, or staged elsewhere (a resumable upload), is pushed."""
         copies = self.paths.copies
         if copies is not None:
             for item in batch.staged:
-                copies.push(folders.scope, item.staging.path, item.sha256)
+                copies.store_staged(folders.scope, item.staging.path, item.sha256, item.incoming)
 
     def _commit(
         self,

@@ -6,6 +6,12 @@ to readers, but its parts stay stored, and billed, until someone aborts it. Noth
 ever will, so every instance tries a sweep now and then, and `flask --app app files
 sweep` runs one now.
 
+An upload streams into the bucket at an incoming key (`keys.incoming_key`) while its
+body arrives; once its SHA-256 is known it is copied to the thread's blob and the incoming
+object deleted. A process killed between the two (or between completing the upload and
+committing it) leaves an incoming object nothing will ever name: the sweep deletes those
+too, by the same age rule.
+
 S3 cannot tell an upload a live instance is still sending from a dead one's, so the age
 is the whole rule (`storage.s3.stale_upload_hours`, longer than any push may take). One
 instance at a time sweeps: a sweep runs while it holds the `stale-uploads` lease of
@@ -23,6 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Collection
 
 from sqlalchemy import select
 
@@ -32,6 +39,7 @@ from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.base import sweep_stale_uploads
+from deerflow_web.storage.objects.keys import INCOMING_FOLDER
 from deerflow_web.storage.resumable import DatabaseResumableStore
 
 logger = logging.getLogger(__name__)
@@ -118,10 +126,14 @@ class StaleUploadSweeper:
             logger.info("stale upload sweep skipped: another instance is sweeping")
             return None
         try:
+            resumable = DatabaseResumableStore(self.engine)  # live tus uploads are spared
             aborted = sweep_stale_uploads(
                 self.store,
                 older_than=self.older_than_seconds,
-                keep=DatabaseResumableStore(self.engine).live_multipart_uploads,
+                keep=resumable.live_multipart_uploads,
+            )
+            aborted += remove_stale_incoming(
+                self.store, now - self.older_than_seconds, keep=resumable.live_upload_ids
             )
             self._remember(now)
         finally:
@@ -154,3 +166,35 @@ class StaleUploadSweeper:
                 .where(job_leases.c.name == LEASE_NAME)
                 .values(state=json.dumps({"last_sweep": now}))
             )
+
+
+def remove_stale_incoming(
+    store: ObjectStore, cutoff: float, keep: Callable[[], Collection[str]] | None = None
+) -> int:
+    """Delete every incoming object (`{scope}/incoming/{name}`) last written before
+    `cutoff`; return how many went. `keep` names resumable uploads on record, whose
+    incoming objects (`{upload_id}`, `{upload_id}.{offset}`) are spared whatever their age.
+
+    Incoming keys sit inside each thread's prefix, and a thread that never committed a file
+    has no row to find it by, so the bucket's keys are listed (one request per thousand
+    keys, once per sweep interval by one instance) and the incoming ones picked out.
+    """
+    removed = 0
+    spared: set[str] | None = None
+    for info in list(store.list_keys()):
+        if not _is_incoming(info.key):
+            continue
+        if info.modified is not None and info.modified > cutoff:
+            continue  # an upload on its way, or just adopted
+        if keep is not None:
+            spared = set(keep()) if spared is None else spared
+            if info.key.rsplit("/", 1)[-1].split(".", 1)[0] in spared:
+                continue  # a resumable upload's, which its own end removes
+        store.delete(info.key)
+        removed += 1
+    return removed
+
+
+def _is_incoming(key: str) -> bool:
+    parts = key.split("/")
+    return len(parts) >= 3 and parts[-2] == INCOMING_FOLDER

@@ -15,8 +15,8 @@ The client is boto3, chosen for how it behaves under `make run`'s gevent worker:
   (`start_beside`), and S3 checks each part (and each single PUT) against that
   SHA-256 (`x-amz-checksum-sha256`), so what is stored is what was hashed.
 - **Multipart is explicit.** The writer needs CreateMultipartUpload / UploadPart /
-  Complete / Abort with parts it owns (one bounded buffer, S3's 5 MiB minimum part size,
-  a single PUT below one part), and the sweep after a killed process needs
+  Complete / Abort with parts it owns (a few bounded buffers on their way at once, S3's
+  5 MiB minimum part size, a single PUT below one part), and the sweep after a killed process needs
   ListMultipartUploads and AbortMultipartUpload; boto3 has each of them as one call,
   while obstore's and opendal's writers hide the upload id and neither lists unfinished
   uploads.
@@ -35,7 +35,10 @@ import base64
 import copy
 import hashlib
 import logging
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -59,7 +62,11 @@ from deerflow_web.storage.objects.keys import check_prefix
 logger = logging.getLogger(__name__)
 
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3's smallest part but the last
-DEFAULT_PART_SIZE = 8 * 1024 * 1024  # one buffer per writer: 8 MiB bounds its memory
+DEFAULT_PART_SIZE = 8 * 1024 * 1024
+# Parts on their way while the writer fills the next: a writer holds at most this many
+# parts plus the one filling (32 MiB with 8 MiB parts). Three kept a loopback SeaweedFS
+# busy while a request's body streamed in; more only held more memory.
+DEFAULT_PARTS_IN_FLIGHT = 3
 MAX_PARTS = 10_000  # S3's limit: 8 MiB parts reach 78 GiB, far above any upload limit
 MAX_COPY_SIZE = 5 * 1024**3  # CopyObject's limit; larger objects are copied in parts
 COPY_PART_SIZE = 512 * 1024 * 1024
@@ -101,6 +108,7 @@ class S3ObjectStore:
         access_key: str | None = None,
         secret_key: str | None = None,
         part_size: int = DEFAULT_PART_SIZE,
+        parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT,
         connect_timeout: float = 5.0,
         read_timeout: float = 60.0,
         max_attempts: int = 3,
@@ -115,6 +123,7 @@ class S3ObjectStore:
         self.bucket = bucket
         self.prefix = _folder_prefix(prefix)
         self.part_size = max(int(part_size), MIN_PART_SIZE)
+        self.parts_in_flight = max(int(parts_in_flight), 1)
         self.retry_after_seconds = retry_after_seconds
         config = Config(
             signature_version="s3v4",
@@ -230,8 +239,10 @@ class S3ObjectStore:
         with self._errors(self.bucket):
             self._probe.head_bucket(Bucket=self.bucket)
 
-    def open_writer(self, key: str) -> S3Writer:
-        return S3Writer(self, key, self._full(key))
+    def open_writer(self, key: str, *, whole_sha256: bool = True) -> S3Writer:
+        """A writer of `key` (see `S3Writer`; `whole_sha256=False` for a caller that
+        hashes the bytes itself)."""
+        return S3Writer(self, key, self._full(key), whole_sha256=whole_sha256)
 
     def open_read(self, key: str, start: int = 0, length: int | None = None) -> S3Stream:
         if start < 0 or (length is not None and length < 0):
@@ -434,30 +445,78 @@ class _CooperativeBody:
         return self._position
 
 
-def _hash_part(whole: Any, part: bytes | bytearray) -> bytes:
-    """Feed the object's hash and return the part's own digest: one pass per hash, run
-    beside the loop (hashlib releases the interpreter lock on large buffers)."""
-    whole.update(part)
-    return hashlib.sha256(part).digest()
+def _sha256(data: bytes | bytearray) -> bytes:
+    """A part's own digest (hashlib releases the interpreter lock on large buffers)."""
+    return hashlib.sha256(data).digest()
+
+
+class _Beside:
+    """One call running beside its caller: a thread, which under `make run`'s gevent
+    worker (threading patched) is a greenlet of the loop, so a part's request waits on its
+    socket cooperatively. `wait` returns the call's result or raises its exception, there.
+    """
+
+    def __init__(self, function: Callable[..., Any], *args: Any) -> None:
+        self._outcome: tuple[bool, Any] = (False, RuntimeError("the call did not finish"))
+        self._thread = threading.Thread(
+            target=self._run, args=(function, args), name="s3-part", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            self._outcome = (True, function(*args))
+        except BaseException as error:  # noqa: BLE001 - raised again by `wait`
+            self._outcome = (False, error)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def failed(self) -> bool:
+        return self.done() and not self._outcome[0]
+
+    def wait(self) -> Any:
+        self._thread.join()
+        returned, value = self._outcome
+        if returned:
+            return value
+        raise value
 
 
 class S3Writer:
-    """A multipart upload with one part buffer, started only once a part is full.
+    """A multipart upload, started only once a part is full, with a bounded number of
+    parts on their way while the caller goes on writing.
 
-    Below one part the object is a single PUT at commit; above, parts of `part_size`
-    (at least S3's 5 MiB) go as they fill and the last one, of any size, at commit.
-    Nothing is visible before CompleteMultipartUpload (or the PUT) returns.
+    Below one part the object is a single PUT at commit. Above, each part of `part_size`
+    (at least S3's 5 MiB) is handed, as it fills, to a call of its own beside the caller
+    (`_Beside`: a greenlet under gevent, a thread otherwise) that hashes it beside the loop
+    and sends it; the caller waits only when `parts_in_flight` parts are on their way, so
+    a request's body is read while its earlier parts travel, and memory stays within one
+    filling buffer plus the parts in flight. The last part, of any size, goes at commit.
+    A part that failed is raised at the next `write` or `commit`, which aborts the upload
+    (once every part still on its way has ended, so none lands after the abort). Nothing
+    is visible before CompleteMultipartUpload (or the PUT) returns.
+
+    With `whole_sha256=False` the object's own SHA-256 is not computed for a multipart
+    upload (its caller hashes the same bytes already, see `WorkingCopies.open_incoming`):
+    S3 still checks every part against the part's SHA-256, and `commit` reports None.
     """
 
-    def __init__(self, store: S3ObjectStore, key: str, full: str) -> None:
+    def __init__(
+        self, store: S3ObjectStore, key: str, full: str, *, whole_sha256: bool = True
+    ) -> None:
         self.key = key
         self.size = 0
         self._store = store
         self._full = full
         self._buffer = bytearray()
+        self._whole_sha256 = whole_sha256
         self._hash = hashlib.sha256()
+        self._hashing: Callable[[], Any] | None = None  # the whole hash's step in flight
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
+        self._in_flight: deque[_Beside] = deque()
+        self._next_number = 1
         self._done = False
 
     @property
@@ -465,12 +524,23 @@ class S3Writer:
         """S3's id of the multipart upload once one was started (for tests and logs)."""
         return self._upload_id
 
+    @property
+    def parts_in_flight(self) -> int:
+        """Parts handed off and not yet known to have arrived (for tests)."""
+        return sum(1 for part in self._in_flight if not part.done())
+
     def write(self, data: bytes, *, hash_beside: bool = False) -> None:
         """Append `data` to the part buffer, sending each part as it fills. The bytes are
         copied into the buffer, so the caller may reuse `data` at once (`hash_beside`
-        changes nothing here: parts are always hashed beside the loop)."""
+        changes nothing here: parts are always hashed beside the loop).
+
+        Raises:
+            ObjectStoreUnavailable, StorageFailure: A part sent earlier failed (the
+                upload is aborted).
+        """
         if self._done:
             raise RuntimeError(f"{self.key}: already committed or aborted")
+        self._raise_failed_part()
         view = memoryview(data)
         while view:
             room = self._store.part_size - len(self._buffer)
@@ -480,41 +550,66 @@ class S3Writer:
                 self._send_part()
         self.size += len(data)
 
+    def _raise_failed_part(self) -> None:
+        failed = next((part for part in self._in_flight if part.failed()), None)
+        if failed is not None:
+            try:
+                failed.wait()
+            except BaseException:
+                self.abort()
+                raise
+
     def _send_part(self) -> None:
         store = self._store
-        if len(self._parts) >= MAX_PARTS:
-            raise StorageFailure(f"{self.key} is larger than an upload in parts may be")
-        digest = _b64(start_beside(_hash_part, self._hash, self._buffer)())
+        part, self._buffer = self._buffer, bytearray()
         try:
-            with store._errors(self.key):
-                if self._upload_id is None:
+            if self._next_number > MAX_PARTS:
+                raise StorageFailure(f"{self.key} is larger than an upload in parts may be")
+            if self._whole_sha256:
+                self._hash_in_order(part)
+            if self._upload_id is None:
+                with store._errors(self.key):
                     started = store.client.create_multipart_upload(
                         Bucket=store.bucket, Key=self._full, ChecksumAlgorithm="SHA256"
                     )
-                    self._upload_id = started["UploadId"]
-                number = len(self._parts) + 1
-                sent = store.client.upload_part(
-                    Bucket=store.bucket,
-                    Key=self._full,
-                    UploadId=self._upload_id,
-                    PartNumber=number,
-                    Body=_CooperativeBody(self._buffer),
-                    ChecksumSHA256=digest,
-                )
+                self._upload_id = started["UploadId"]
+            while len(self._in_flight) >= store.parts_in_flight:
+                self._parts.append(self._in_flight.popleft().wait())  # the window is full
+            number, self._next_number = self._next_number, self._next_number + 1
+            self._in_flight.append(_Beside(self._upload_part, self._upload_id, number, part))
         except BaseException:
             self.abort()
             raise
-        self._parts.append({"PartNumber": number, "ETag": sent["ETag"], "ChecksumSHA256": digest})
-        self._buffer = bytearray()
+
+    def _hash_in_order(self, part: bytearray) -> None:
+        """Feed the object's hash with `part` beside the loop, after the part before it."""
+        if self._hashing is not None:
+            self._hashing()
+        self._hashing = start_beside(self._hash.update, part)
+
+    def _upload_part(self, upload_id: str, number: int, part: bytearray) -> dict[str, Any]:
+        store = self._store
+        digest = _b64(start_beside(_sha256, part)())
+        with store._errors(self.key):
+            sent = store.client.upload_part(
+                Bucket=store.bucket,
+                Key=self._full,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=_CooperativeBody(part),
+                ChecksumSHA256=digest,
+            )
+        return {"PartNumber": number, "ETag": sent["ETag"], "ChecksumSHA256": digest}
 
     def commit(self) -> ObjectInfo:
         if self._done:
             raise RuntimeError(f"{self.key}: already committed or aborted")
         store = self._store
+        sha256: str | None
         try:
             if self._upload_id is None:
-                digest = start_beside(_hash_part, self._hash, self._buffer)()
-                sha256 = self._hash.hexdigest()
+                digest = start_beside(_sha256, self._buffer)()
+                sha256 = digest.hex()  # one buffer: the part's digest is the object's
                 with store._errors(self.key):
                     store.client.put_object(
                         Bucket=store.bucket,
@@ -526,13 +621,18 @@ class S3Writer:
             else:
                 if self._buffer:
                     self._send_part()
-                sha256 = self._hash.hexdigest()
+                while self._in_flight:
+                    self._parts.append(self._in_flight.popleft().wait())
+                sha256 = None
+                if self._hashing is not None:
+                    self._hashing()
+                    sha256 = self._hash.hexdigest()
                 with store._errors(self.key):
                     store.client.complete_multipart_upload(
                         Bucket=store.bucket,
                         Key=self._full,
                         UploadId=self._upload_id,
-                        MultipartUpload={"Parts": self._parts},
+                        MultipartUpload={"Parts": sorted(self._parts, key=_part_number)},
                     )
         except BaseException:
             self.abort()
@@ -542,10 +642,17 @@ class S3Writer:
         return ObjectInfo(self.key, self.size, sha256, time.time())
 
     def abort(self) -> None:
+        """Drop what was written: once every part on its way has ended (a part landing
+        after the abort would start the upload's storage again), the upload is aborted."""
         if self._done:
             return
         self._done = True
         self._buffer = bytearray()
+        while self._in_flight:
+            try:
+                self._in_flight.popleft().wait()
+            except BaseException:  # noqa: BLE001, S110 - the upload is being dropped
+                pass
         if self._upload_id is not None:
             self._store._abort_quietly(self._full, self._upload_id)
 
@@ -554,6 +661,10 @@ class S3Writer:
 
     def __exit__(self, *exc: object) -> None:
         self.abort()
+
+
+def _part_number(part: dict[str, Any]) -> int:
+    return int(part["PartNumber"])
 
 
 class S3Stream:

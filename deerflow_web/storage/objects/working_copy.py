@@ -10,9 +10,11 @@ folders in the data dir; this module keeps those folders true to the records:
 - **No record without its bytes in the bucket.** Every record write pushes the file it
   describes to the bucket first, in the write's own transaction (`push_written`, called by
   `DatabaseUploadRecords` before each write): if the bucket cannot take it, the write fails
-  and rolls back, and the upload answers 503 with nothing changed. A large upload is pushed
-  once it has streamed, before its commit takes the thread's lock (`push`), so other
-  writers of the thread do not wait for the copy.
+  and rolls back, and the upload answers 503 with nothing changed. An upload's body streams
+  into the bucket as it arrives, at an incoming key (`open_incoming`), and becomes the
+  thread's blob by a server-side copy once its SHA-256 is known, before its commit takes
+  the thread's lock (`store_staged`, `adopt`); a file below one part, or staged elsewhere,
+  is pushed there instead (`push`). Other writers of the thread never wait for the copy.
 - **Bytes are keyed by their SHA-256 within the thread** (`keys.blob_key`). Replacing a
   file only points its record at other bytes, so what a reader of the bucket sees switches
   atomically with the records, a rename moves no bytes, and the earlier bytes a version or
@@ -39,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 import stat
 import time
 from collections.abc import Iterable
@@ -60,11 +63,13 @@ from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.eviction import mark_used
 from deerflow_web.storage.objects.keys import blob_key
 from deerflow_web.storage.objects.keys import blobs_prefix
+from deerflow_web.storage.objects.keys import incoming_key
 from deerflow_web.storage.paths import VERSIONS_FOLDER
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import storage_modes
 
 if TYPE_CHECKING:
+    from deerflow_web.storage.objects.s3 import S3ObjectStore
     from deerflow_web.storage.paths import ThreadFolders
     from deerflow_web.storage.records import DatabaseUploadRecords
     from deerflow_web.storage.records import StoredRecord
@@ -142,6 +147,37 @@ class WorkingCopies:
                 self.store.delete(key)
                 raise StorageFailure("the bytes stored in the bucket are not the ones sent")
         self.store.delete(incoming)
+
+    def open_incoming(self, scope: str) -> IncomingCopy | None:
+        """A copy into the bucket of bytes being staged here, sent while they arrive (an
+        upload's body: the staging file stays this instance's working copy); None when
+        the store sends nothing until a commit (the data dir itself)."""
+        from deerflow_web.storage.objects.s3 import S3ObjectStore
+
+        if not isinstance(self.store, S3ObjectStore):
+            return None
+        return IncomingCopy(self.store, incoming_key(scope, secrets.token_hex(16)))
+
+    def store_staged(
+        self, scope: str, path: Path, sha256: str, incoming: IncomingCopy | None = None
+    ) -> None:
+        """Make sure the bucket holds a staged file's bytes as the thread's blob: the
+        bytes streamed beside it (`incoming`) adopted, or else the file pushed.
+
+        Raises:
+            ObjectStoreUnavailable: The bucket cannot be reached.
+            StorageFailure: The bytes are gone or are not `sha256`'s.
+        """
+        key = incoming.finish() if incoming is not None else None
+        if key is None:
+            self.push(scope, path, sha256)
+            return
+        try:
+            self.adopt(scope, key, sha256)
+        except BaseException:
+            incoming.discard()
+            raise
+        incoming.adopted()
 
     def push_written(self, scope: str, written: Iterable[StoredRecord]) -> None:
         """Before records are written: the bytes each describes, into the bucket."""
@@ -316,6 +352,68 @@ class WorkingCopies:
         if self.records is None:
             raise RuntimeError("WorkingCopies.records is set by the wiring before use")
         return self.records
+
+
+class IncomingCopy:
+    """An upload's bytes on their way into the bucket while its body is read, at an
+    incoming key (`keys.incoming_key`) until their SHA-256 is known.
+
+    Fed chunk by chunk beside the staging file (`write`); the S3 writer sends each part
+    as it fills, a few at a time, so the body does not wait for the bucket unless the
+    bucket is slower. A file below one part never starts an upload: `finish` then drops
+    the buffer and says so (None), and the file is pushed with a single PUT at commit
+    time. Every way out without a commit (`discard`) aborts the upload, or deletes the
+    incoming object once it was completed, so nothing stays in the bucket; a crash
+    leaves an unfinished upload or an incoming object to the stale-upload sweep.
+    """
+
+    def __init__(self, store: S3ObjectStore, key: str) -> None:
+        self.key = key
+        self._store = store
+        # The staging file hashes the same bytes: S3 checks each part against its own
+        # SHA-256, and the record's is the staging file's.
+        self._writer = store.open_writer(key, whole_sha256=False)
+        self._completed = False
+        self._ended = False
+
+    def write(self, chunk: bytes) -> None:
+        """Append one chunk of the body (copied: the caller may reuse it at once).
+
+        Raises:
+            ObjectStoreUnavailable, StorageFailure: The bucket did not take a part (the
+                upload is aborted).
+        """
+        self._writer.write(chunk)
+
+    def finish(self) -> str | None:
+        """Complete the upload; the incoming key, or None for a file below one part
+        (nothing was sent: the caller pushes the staged file instead)."""
+        if self._ended:
+            return self.key if self._completed else None
+        if self._writer.upload_id is None:
+            self._writer.abort()
+            self._ended = True
+            return None
+        self._writer.commit()  # aborts the upload itself when it fails
+        self._completed = self._ended = True
+        return self.key
+
+    def adopted(self) -> None:
+        """The incoming object became the thread's blob and its key went: nothing is left
+        to discard."""
+        self._completed = False
+
+    def discard(self) -> None:
+        """Leave nothing in the bucket; safe to call twice, and after `finish`."""
+        if not self._ended:
+            self._ended = True
+            self._writer.abort()
+        elif self._completed:
+            self._completed = False
+            try:
+                self._store.delete(self.key)
+            except Exception:  # noqa: BLE001 - the stale-upload sweep removes it later
+                logger.warning("could not delete %s; the sweep will", self.key, exc_info=True)
 
 
 def _regular_files(folder: Path) -> dict[str, os.stat_result]:

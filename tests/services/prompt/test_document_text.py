@@ -31,6 +31,10 @@ from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.settings import ConversionSettings
 
+# Nothing here reads the mode: the service is built by hand over single-user threads.
+# The single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 PDF = b"%PDF-1.4\n% a small document\n"
 REF = ThreadRef.single_user("T")  # the flat layout: no accounts at the service level
 

@@ -39,6 +39,10 @@ from deerflow_web.storage.migrate import open_database
 from deerflow_web.storage.resumable import DatabaseResumableStore
 from tests.helpers import uploads_dir
 
+# Nothing here reads the mode: every thread is named with its owner and the service
+# is built by hand. The single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 OWNER = "u1"
 
 

@@ -38,6 +38,10 @@ from tests.support.clamd import EICAR
 from tests.support.clamd import EICAR_SIGNATURE
 from tests.support.clamd import Clamd
 
+# Nothing here reads the mode: the services are built by hand and the agent's side is
+# told it needs no user. The single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 T = "t1"
 REF = ThreadRef.single_user(T)  # these services are built without accounts
 

@@ -7,20 +7,29 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import zipfile
 from collections.abc import Iterator
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 from flask import Flask
+from werkzeug.datastructures import FileStorage
+from werkzeug.datastructures import MultiDict
+from werkzeug.test import encode_multipart
 
+from deerflow_web.storage.objects.base import sweep_stale_uploads
 from deerflow_web.storage.objects.keys import blob_key
 from deerflow_web.storage.objects.s3 import S3ObjectStore
+from deerflow_web.storage.objects.working_copy import WorkingCopies
 from deerflow_web.web.wiring import EXTENSION_KEY
 from tests.helpers import USER_ID
 from tests.helpers import UploadActions
 from tests.helpers import thread_dir
 from tests.helpers import uploads_dir
+from tests.support.clamd import EICAR
+from tests.support.clamd import Clamd
 from tests.support.s3_deployment import s3_environment
 from tests.support.seaweedfs import SeaweedFS
 
@@ -330,3 +339,175 @@ def test_a_sandbox_gets_the_thread_under_real_paths_and_how_fresh_they_are(
     assert folder.path.is_relative_to(sandbox_home.resolve())
     assert again.uploads == 2 and again.as_of >= folder.as_of
     assert (again.path / "uploads" / "notes.txt").read_bytes() == b"more"
+
+
+# -- uploads stream into the bucket while their body arrives -----------------------------
+
+MiB = 1024 * 1024
+LARGE = 20 * MiB  # parts of 8 MiB: two sent while the body streams, the rest at its end
+
+
+def upload(instance: Instance, thread_id: str, *files: tuple[bytes, str], **form: str) -> Any:
+    """`UploadActions.upload` with the body encoded here, in memory: the test client spools
+    a body past 500 KiB to a temporary file it never closes."""
+    fields = MultiDict(
+        [*form.items(), *((("files", FileStorage(BytesIO(b), n)) for b, n in files))]
+    )
+    boundary, encoded = encode_multipart(fields)
+    return instance.client.post(
+        f"/api/threads/{thread_id}/uploads",
+        data=encoded,
+        content_type=f"multipart/form-data; boundary={boundary}",
+    )
+
+
+def bucket_keys(bucket: S3ObjectStore, thread_id: str) -> list[str]:
+    return sorted(info.key for info in bucket.list_keys(f"{scope_of(thread_id)}/"))
+
+
+def assert_nothing_in_flight(bucket: S3ObjectStore) -> None:
+    """No multipart upload left unfinished and no incoming object, anywhere in the test's
+    prefix."""
+    assert bucket.list_stale_uploads() == []
+    assert [info.key for info in bucket.list_keys() if "/incoming/" in info.key] == []
+
+
+@pytest.fixture
+def adopted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The incoming keys `WorkingCopies.adopt` made blobs of, in order."""
+    seen: list[str] = []
+    adopt = WorkingCopies.adopt
+
+    def recording(self: WorkingCopies, scope: str, incoming: str, sha256: str) -> None:
+        seen.append(incoming)
+        adopt(self, scope, incoming, sha256)
+
+    monkeypatch.setattr(WorkingCopies, "adopt", recording)
+    return seen
+
+
+def test_a_large_upload_streams_into_the_bucket_and_the_other_instance_serves_it(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore, adopted: list[str]
+) -> None:
+    a, b = instances
+    body = secrets.token_bytes(LARGE)
+    answer = upload(a, "s1", (body, "big.bin"))
+    assert answer.status_code == 200, answer.get_json()
+    assert [key.rsplit("/", 2)[-2] for key in adopted] == ["incoming"]  # streamed, not pushed
+    assert bucket_keys(bucket, "s1") == [blob_key(scope_of("s1"), sha(body))]  # one blob
+    assert_nothing_in_flight(bucket)
+    served = b.download("s1", "big.bin")
+    assert served.status_code == 200
+    assert hashlib.sha256(served.data).hexdigest() == sha(body)
+    assert a.local("s1", "big.bin").read_bytes() == body  # A's staging file, now its copy
+
+
+def test_a_small_upload_is_one_put_with_nothing_on_its_way(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore, adopted: list[str]
+) -> None:
+    a, b = instances
+    body = secrets.token_bytes(MiB)
+    assert upload(a, "s2", (body, "small.bin")).status_code == 200
+    assert adopted == []
+    assert bucket_keys(bucket, "s2") == [blob_key(scope_of("s2"), sha(body))]
+    assert b.download("s2", "small.bin").data == body
+
+
+def test_the_same_bytes_uploaded_twice_leave_one_blob(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore, adopted: list[str]
+) -> None:
+    a, b = instances
+    body = secrets.token_bytes(LARGE)
+    assert upload(a, "s3", (body, "one.bin"), (body, "two.bin")).status_code == 200
+    assert upload(b, "s3", (body, "three.bin")).status_code == 200
+    assert len(adopted) == 3
+    assert bucket_keys(bucket, "s3") == [blob_key(scope_of("s3"), sha(body))]
+    assert_nothing_in_flight(bucket)
+    assert sorted(a.uploads.names("s3")) == ["one.bin", "three.bin", "two.bin"]
+    assert hashlib.sha256(a.download("s3", "three.bin").data).hexdigest() == sha(body)
+
+
+def test_a_file_over_the_size_limit_mid_stream_leaves_nothing_in_the_bucket(
+    on_s3: None, make_app: Any, tmp_path: Path, bucket: S3ObjectStore
+) -> None:
+    a = Instance(make_app(BASE_DIR=str(tmp_path), uploads={"max_file_size": 18 * MiB}), tmp_path)
+    refused = upload(a, "s4", (secrets.token_bytes(LARGE), "too-big.bin"))
+    assert refused.status_code == 413, refused.get_json()
+    assert refused.get_json()["detail"]
+    assert bucket_keys(bucket, "s4") == []  # two parts were sent before the limit hit
+    assert_nothing_in_flight(bucket)
+    assert a.uploads.names("s4") == []
+    assert not a.local("s4", "too-big.bin").exists()
+
+
+def test_a_name_conflict_after_a_large_part_leaves_nothing_in_the_bucket(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore
+) -> None:
+    a, _ = instances
+    assert upload(a, "s5", (b"first", "taken.txt")).status_code == 200
+    refused = upload(
+        a,
+        "s5",
+        (secrets.token_bytes(LARGE), "fresh.bin"),
+        (b"second", "taken.txt"),
+        on_conflict="reject",
+    )
+    assert refused.status_code == 409, refused.get_json()
+    assert bucket_keys(bucket, "s5") == [blob_key(scope_of("s5"), sha(b"first"))]
+    assert_nothing_in_flight(bucket)
+    assert a.uploads.names("s5") == ["taken.txt"]
+    assert not a.local("s5", "fresh.bin").exists()
+
+
+@pytest.mark.own_s3_server
+def test_the_bucket_stopping_mid_upload_answers_503_and_keeps_nothing(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore, s3_server: SeaweedFS
+) -> None:
+    a, b = instances
+    store = a.app.extensions[EXTENSION_KEY].uploads.paths.copies.store
+    send = store.client.upload_part
+
+    def first_part_then_the_bucket_stops(**arguments: Any) -> Any:
+        sent = send(**arguments)
+        if arguments["PartNumber"] == 1:
+            s3_server.stop()
+        return sent
+
+    store.client.upload_part = first_part_then_the_bucket_stops
+    try:
+        refused = upload(a, "s6", (secrets.token_bytes(LARGE), "cut.bin"))
+        assert refused.status_code == 503, refused.get_json()
+        assert refused.headers["Retry-After"].isdigit()
+        assert "try again" in refused.get_json()["detail"]
+        assert not a.local("s6", "cut.bin").exists()
+        assert not uploads_dir(a.base_dir, "s6").exists()  # no staging file, no folder
+    finally:
+        store.client.upload_part = send
+        if s3_server.process is None or s3_server.process.poll() is not None:
+            s3_server.start_again()
+    assert a.uploads.names("s6") == []
+    assert b.uploads.names("s6") == []
+    assert bucket_keys(bucket, "s6") == []  # nothing was ever completed
+    # The abort could not reach the stopped bucket: the upload is the sweep's, as after a
+    # crash, and nothing else is left.
+    sweep_stale_uploads(bucket)
+    assert_nothing_in_flight(bucket)
+    assert upload(a, "s6", (secrets.token_bytes(LARGE), "after.bin")).status_code == 200
+
+
+def test_an_infected_upload_streamed_into_the_bucket_is_taken_back_out(
+    on_s3: None, make_app: Any, tmp_path: Path, bucket: S3ObjectStore, clamd: Clamd
+) -> None:
+    app = make_app(BASE_DIR=str(tmp_path), scanning={"clamd": clamd.address, "timeout_seconds": 10})
+    a = Instance(app, tmp_path)
+    archive = BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as bundle:
+        bundle.writestr("padding.bin", secrets.token_bytes(LARGE))  # parts sent as it streams
+        bundle.writestr("eicar.com", EICAR)
+    clean = secrets.token_bytes(LARGE)
+    answer = upload(a, "s7", (archive.getvalue(), "bundle.zip"), (clean, "clean.bin"))
+    assert answer.status_code == 200, answer.get_json()
+    assert [f["filename"] for f in answer.get_json()["rejected_files"]] == ["bundle.zip"]
+    assert a.uploads.names("s7") == ["clean.bin"]
+    assert bucket_keys(bucket, "s7") == [blob_key(scope_of("s7"), sha(clean))]
+    assert_nothing_in_flight(bucket)

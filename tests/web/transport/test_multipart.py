@@ -16,6 +16,9 @@ from deerflow_web.errors import MalformedUpload
 from deerflow_web.errors import MissingFilesField
 from deerflow_web.web.transport.multipart import MultipartReader
 
+# Nothing here reads the mode: the reader alone, on bytes. The single-user pass skips it.
+pytestmark = pytest.mark.same_in_both_modes
+
 
 class ChunkyStream:
     """A body that arrives in reads of random, often tiny, sizes."""

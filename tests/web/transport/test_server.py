@@ -23,6 +23,10 @@ from tests.support.documents import make_docx
 from tests.support.live_server import LiveServer
 from tests.support.live_server import raw_request
 
+# Every server here is single-user whatever the pass (`gunicorn` below), and nothing in
+# this process reads the mode: the single-user pass would run the very same tests again.
+pytestmark = pytest.mark.same_in_both_modes
+
 IDLE_SECONDS = 1.0
 
 
