@@ -99,7 +99,7 @@ clamav:
 # SeaweedFS, a bucket prefix per app), but for the tests of files put in the data dir by hand,
 # which only the local backend adopts (`local_disk`).
 S3_SUITE = tests/web/api/test_upload.py tests/web/api/test_list_delete.py \
-	tests/web/api/test_history.py tests/web/api/test_threads.py
+	tests/web/api/test_history.py tests/web/api/test_threads.py tests/web/api/test_tus.py
 test: $(VENV)/.test browser postgres nginx fonts clamav
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 	DEER_FLOW_AUTH_DISABLED=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \

@@ -259,9 +259,34 @@ resumable_uploads = Table(
     # Set in the commit's transaction: the upload is complete and stored under this name
     # (kept until expiry, so a retried request learns so).
     Column("committed_name", Text),
+    # The S3 backend (migration 0014): the multipart upload the bytes go to, the object
+    # holding the bytes after its last full part, the blob's SHA-256 once they became one,
+    # and the one writer across instances (a lease, as instances share no `flock`).
+    Column("s3_upload_id", Text),
+    Column("tail_key", Text),
+    Column("sha256", String(64)),
+    Column("lease_owner", String(64)),
+    Column("lease_expires", Float),
     Index("ix_resumable_uploads_expiry", "expires_at"),
     Index("ix_resumable_uploads_staging", "staging_path"),
     Index("ix_resumable_uploads_user", "user_id"),
+)
+
+resumable_parts = Table(
+    "resumable_parts",
+    metadata,
+    # The S3 parts a resumable upload's PATCHes sent, in order (SPEC 8 on the S3 backend);
+    # they go with their upload, however it is removed (a thread's deletion too).
+    Column(
+        "upload_id",
+        String(64),
+        ForeignKey("resumable_uploads.upload_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("part_number", Integer, primary_key=True, autoincrement=False),
+    Column("etag", Text, nullable=False),
+    Column("checksum_sha256", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
 )
 
 share_links = Table(

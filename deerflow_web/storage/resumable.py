@@ -6,6 +6,12 @@ one process's memory: the offset, length, metadata, owner and expiry are rows of
 shared database (`resumable_uploads`), and the one writer at a time is whoever holds the
 staging file's `flock` (released by the kernel when a killed process goes away, so a dead
 request never blocks the upload for good).
+
+On the S3 backend instances share no disk: the bytes go to the bucket as the parts of one
+multipart upload, whose id and parts (`resumable_parts`) are rows here too, with the
+object holding the bytes after the last full part (the tail). The one writer is whoever
+holds the row's lease (`take_lease`: a compare-and-set UPDATE with an expiry, so a killed
+writer blocks the upload for `LEASE_SECONDS` at most).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from sqlalchemy.engine import Connection
 from deerflow_web.errors import PendingUploadsCap
 from deerflow_web.models import ResumableUpload
 from deerflow_web.storage.database import insert_missing_threads
+from deerflow_web.storage.database import resumable_parts
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.paths import storage_modes
@@ -57,6 +64,31 @@ _COLUMNS = tuple(
         "committed_name",
     )
 )
+
+
+@dataclass(frozen=True)
+class SentPart:
+    """One part of an upload's S3 multipart upload, as S3 confirmed it."""
+
+    number: int
+    etag: str
+    checksum_sha256: str  # base64, as S3 checks it
+    size: int
+
+
+@dataclass(frozen=True)
+class S3Progress:
+    """Where an upload's bytes stand in the bucket: the parts sent to `s3_upload_id`, then
+    the tail object (None: no tail). With `sha256` set they are the thread's blob of it."""
+
+    s3_upload_id: str | None
+    parts: tuple[SentPart, ...]
+    tail_key: str | None
+    sha256: str | None
+
+    @property
+    def parts_size(self) -> int:
+        return sum(part.size for part in self.parts)
 
 
 def staging_name(upload_id: str) -> str:
@@ -263,7 +295,8 @@ class DatabaseResumableStore:
         if only_pending:
             statement = statement.where(resumable_uploads.c.committed_name.is_(None))
         with write_transaction(self.engine) as db:
-            db.execute(statement)
+            if db.execute(statement).rowcount:
+                db.execute(delete(resumable_parts).where(resumable_parts.c.upload_id == upload_id))
 
     def mark_committed(self, upload_id: str, name: str, within: Connection) -> None:
         """Record, in the transaction that commits the file (`within`), that the upload is
@@ -292,6 +325,156 @@ class DatabaseResumableStore:
 
     def close(self) -> None:
         """Nothing to release: the engine belongs to whoever made it."""
+
+    # -- the S3 backend: leases and parts ------------------------------------------------
+
+    def take_lease(self, upload_id: str, owner: str, now: float, until: float) -> bool:
+        """Make `owner` the upload's one writer until `until`, unless another holds an
+        unexpired lease: one compare-and-set UPDATE, so of two instances asking at once
+        exactly one gets it."""
+        table = resumable_uploads.c
+        with write_transaction(self.engine) as db:
+            taken = db.execute(
+                update(resumable_uploads)
+                .where(
+                    table.upload_id == upload_id,
+                    (table.lease_owner.is_(None))
+                    | (table.lease_expires <= now)
+                    | (table.lease_owner == owner),
+                )
+                .values(lease_owner=owner, lease_expires=until)
+            ).rowcount
+        return taken == 1
+
+    def renew_lease(self, upload_id: str, owner: str, until: float) -> bool:
+        """Keep the lease (before each part is sent); False when it was lost meanwhile."""
+        table = resumable_uploads.c
+        with write_transaction(self.engine) as db:
+            kept = db.execute(
+                update(resumable_uploads)
+                .where(table.upload_id == upload_id, table.lease_owner == owner)
+                .values(lease_expires=until)
+            ).rowcount
+        return kept == 1
+
+    def release_lease(self, upload_id: str, owner: str) -> None:
+        """Let the next writer in at once."""
+        table = resumable_uploads.c
+        with write_transaction(self.engine) as db:
+            db.execute(
+                update(resumable_uploads)
+                .where(table.upload_id == upload_id, table.lease_owner == owner)
+                .values(lease_owner=None, lease_expires=None)
+            )
+
+    def s3_progress(self, upload_id: str) -> S3Progress:
+        """The upload's multipart upload, parts and tail as stored."""
+        table = resumable_uploads.c
+        with self.engine.connect() as db:
+            row = db.execute(
+                select(table.s3_upload_id, table.tail_key, table.sha256).where(
+                    table.upload_id == upload_id
+                )
+            ).first()
+            parts = db.execute(
+                select(
+                    resumable_parts.c.part_number,
+                    resumable_parts.c.etag,
+                    resumable_parts.c.checksum_sha256,
+                    resumable_parts.c.size,
+                )
+                .where(resumable_parts.c.upload_id == upload_id)
+                .order_by(resumable_parts.c.part_number)
+            ).all()
+        if row is None:
+            return S3Progress(None, (), None, None)
+        return S3Progress(row[0], tuple(SentPart(*part) for part in parts), row[1], row[2])
+
+    def set_s3_upload_id(self, upload_id: str, owner: str, s3_upload_id: str) -> bool:
+        """Name the multipart upload just started (before any part goes, so a DELETE or
+        the expiry can abort it); False when `owner` lost the lease."""
+        table = resumable_uploads.c
+        with write_transaction(self.engine) as db:
+            done = db.execute(
+                update(resumable_uploads)
+                .where(table.upload_id == upload_id, table.lease_owner == owner)
+                .values(s3_upload_id=s3_upload_id)
+            ).rowcount
+        return done == 1
+
+    def advance(
+        self,
+        upload_id: str,
+        owner: str,
+        *,
+        offset: int,
+        parts: list[SentPart],
+        tail_key: str | None,
+        expires_at: float | None = None,
+        s3_upload_id: str | None = None,
+        clear_parts: bool = False,
+        sha256: str | None = None,
+    ) -> bool:
+        """Store where a PATCH left the upload, in one transaction and only while `owner`
+        holds the lease: the new offset, the parts it sent (replacing any of the same
+        number), its tail. With `clear_parts` the multipart upload was completed (or is
+        gone) and the tail holds every byte. False when the lease was lost (nothing
+        stored)."""
+        table = resumable_uploads.c
+        values: dict[str, Any] = {"upload_offset": offset, "pending_from": None}
+        values["tail_key"] = tail_key
+        if expires_at is not None:
+            values["expires_at"] = expires_at
+        if clear_parts:
+            values["s3_upload_id"] = None
+        elif s3_upload_id is not None:
+            values["s3_upload_id"] = s3_upload_id
+        if sha256 is not None:
+            values["sha256"] = sha256
+        with write_transaction(self.engine) as db:
+            done = db.execute(
+                update(resumable_uploads)
+                .where(table.upload_id == upload_id, table.lease_owner == owner)
+                .values(values)
+            ).rowcount
+            if done != 1:
+                return False
+            numbers = [part.number for part in parts]
+            if clear_parts or numbers:
+                stale = delete(resumable_parts).where(resumable_parts.c.upload_id == upload_id)
+                if not clear_parts:
+                    stale = stale.where(resumable_parts.c.part_number.in_(numbers))
+                db.execute(stale)
+            if parts and not clear_parts:
+                db.execute(
+                    insert(resumable_parts),
+                    [
+                        {
+                            "upload_id": upload_id,
+                            "part_number": part.number,
+                            "etag": part.etag,
+                            "checksum_sha256": part.checksum_sha256,
+                            "size": part.size,
+                        }
+                        for part in parts
+                    ],
+                )
+        return True
+
+    def live_upload_ids(self) -> set[str]:
+        """Every resumable upload on record: the stale-upload sweep spares their incoming
+        objects (parts' tails, the assembled object) whatever their age."""
+        with self.engine.connect() as db:
+            rows = db.execute(select(resumable_uploads.c.upload_id))
+            return {row[0] for row in rows}
+
+    def live_multipart_uploads(self) -> set[str]:
+        """The S3 multipart uploads that unfinished resumable uploads still name: the
+        stale-upload sweep spares them whatever their age (their own expiry ends them)."""
+        table = resumable_uploads.c
+        with self.engine.connect() as db:
+            rows = db.execute(select(table.s3_upload_id).where(table.s3_upload_id.is_not(None)))
+            return {row[0] for row in rows}
 
 
 class ResumableStaging:

@@ -27,6 +27,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from collections.abc import Collection
 
 from deerflow_web.errors import ObjectStoreUnavailable
 from deerflow_web.services.periodic import PeriodicJob
@@ -34,6 +35,7 @@ from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.base import sweep_stale_uploads
 from deerflow_web.storage.objects.keys import INCOMING_FOLDER
+from deerflow_web.storage.resumable import DatabaseResumableStore
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +116,15 @@ class StaleUploadSweeper:
             logger.info("stale upload sweep skipped: another instance is sweeping")
             return None
         try:
-            aborted = sweep_stale_uploads(self.store, older_than=self.older_than_seconds)
-            aborted += remove_stale_incoming(self.store, now - self.older_than_seconds)
+            resumable = DatabaseResumableStore(self.engine)  # live tus uploads are spared
+            aborted = sweep_stale_uploads(
+                self.store,
+                older_than=self.older_than_seconds,
+                keep=resumable.live_multipart_uploads,
+            )
+            aborted += remove_stale_incoming(
+                self.store, now - self.older_than_seconds, keep=resumable.live_upload_ids
+            )
             self.leases.remember_run(LEASE_NAME, now)
         finally:
             self.leases.release(LEASE_NAME, self.owner)
@@ -131,20 +140,28 @@ class StaleUploadSweeper:
         return aborted
 
 
-def remove_stale_incoming(store: ObjectStore, cutoff: float) -> int:
+def remove_stale_incoming(
+    store: ObjectStore, cutoff: float, keep: Callable[[], Collection[str]] | None = None
+) -> int:
     """Delete every incoming object (`{scope}/incoming/{name}`) last written before
-    `cutoff`; return how many went.
+    `cutoff`; return how many went. `keep` names resumable uploads on record, whose
+    incoming objects (`{upload_id}`, `{upload_id}.{offset}`) are spared whatever their age.
 
     Incoming keys sit inside each thread's prefix, and a thread that never committed a file
     has no row to find it by, so the bucket's keys are listed (one request per thousand
     keys, once per sweep interval by one instance) and the incoming ones picked out.
     """
     removed = 0
+    spared: set[str] | None = None
     for info in list(store.list_keys()):
         if not _is_incoming(info.key):
             continue
         if info.modified is not None and info.modified > cutoff:
             continue  # an upload on its way, or just adopted
+        if keep is not None:
+            spared = set(keep()) if spared is None else spared
+            if info.key.rsplit("/", 1)[-1].split(".", 1)[0] in spared:
+                continue  # a resumable upload's, which its own end removes
         store.delete(info.key)
         removed += 1
     return removed

@@ -20,6 +20,8 @@ the records, never from the bucket.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Iterator
 from typing import NamedTuple
 from typing import Protocol
@@ -169,10 +171,24 @@ class ObjectStore(Protocol):
         ...
 
 
-def sweep_stale_uploads(store: ObjectStore, prefix: str = "", older_than: float = 0.0) -> int:
+def sweep_stale_uploads(
+    store: ObjectStore,
+    prefix: str = "",
+    older_than: float = 0.0,
+    keep: Callable[[], Collection[str]] | None = None,
+) -> int:
     """Abort every stale upload under `prefix`; return how many went (the sweep after a
-    killed process)."""
+    killed process).
+
+    `keep` names uploads (by `upload_id`) to spare whatever their age: those a live
+    resumable upload is still filling, part by part, for as long as its own expiry
+    (`uploads.resumable_expiry_hours`, moved on by each chunk) keeps it; asked after the
+    listing, so an upload named meanwhile is spared too.
+    """
     stale = store.list_stale_uploads(prefix, older_than)
+    if keep is not None and stale:
+        spared = set(keep())
+        stale = [upload for upload in stale if upload.upload_id not in spared]
     for upload in stale:
         store.abort_stale_upload(upload)
     return len(stale)

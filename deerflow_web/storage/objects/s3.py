@@ -42,6 +42,7 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from typing import NamedTuple
 from urllib.parse import quote
 
 from deerflow_web.concurrency import Turn
@@ -404,6 +405,11 @@ class S3ObjectStore:
                 "get_object", Params=params, ExpiresIn=int(expires_seconds)
             )
 
+    def part_uploads(self) -> S3PartUploads:
+        """Multipart uploads whose parts the caller numbers and keeps (resumable uploads,
+        whose parts come from many requests on many instances)."""
+        return S3PartUploads(self)
+
 
 class _CooperativeBody:
     """A part's bytes as a request body that the HTTP client reads in pieces, stepping aside
@@ -698,3 +704,85 @@ class S3Stream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class UploadedPart(NamedTuple):
+    """A part as S3 confirmed it: what CompleteMultipartUpload names."""
+
+    number: int
+    etag: str
+    checksum_sha256: str  # base64
+    size: int
+
+
+class S3PartUploads:
+    """A multipart upload driven part by part from outside: the caller keeps the upload id
+    and the parts sent (in the database, for tus), so any instance may send the next part
+    or complete it. A part sent again under the same number replaces the earlier one, and
+    the completion names exactly the parts it wants, so parts a failed request sent are
+    overwritten or dropped, never assembled."""
+
+    def __init__(self, store: S3ObjectStore) -> None:
+        self.store = store
+
+    def start(self, key: str) -> str:
+        """Start a multipart upload at `key` (SHA-256 checked per part); its UploadId."""
+        store = self.store
+        with store._errors(key):
+            started = store.client.create_multipart_upload(
+                Bucket=store.bucket, Key=store._full(key), ChecksumAlgorithm="SHA256"
+            )
+        return str(started["UploadId"])
+
+    def send(self, key: str, upload_id: str, number: int, data: bytearray) -> UploadedPart:
+        """Send part `number` (1 to 10,000); S3 checks it against its SHA-256."""
+        if not 1 <= number <= MAX_PARTS:
+            raise StorageFailure(f"{key} is larger than an upload in parts may be")
+        store = self.store
+        digest = _b64(start_beside(_sha256_of, data)())
+        with store._errors(key):
+            sent = store.client.upload_part(
+                Bucket=store.bucket,
+                Key=store._full(key),
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=_CooperativeBody(data),
+                ChecksumSHA256=digest,
+            )
+        return UploadedPart(number, str(sent["ETag"]), digest, len(data))
+
+    def complete(self, key: str, upload_id: str, parts: list[UploadedPart]) -> None:
+        """Assemble the object at `key` from `parts`, in their order."""
+        store = self.store
+        listed = [
+            {"PartNumber": p.number, "ETag": p.etag, "ChecksumSHA256": p.checksum_sha256}
+            for p in parts
+        ]
+        with store._errors(key):
+            store.client.complete_multipart_upload(
+                Bucket=store.bucket,
+                Key=store._full(key),
+                UploadId=upload_id,
+                MultipartUpload={"Parts": listed},
+            )
+
+    def abort(self, key: str, upload_id: str) -> None:
+        """Drop the upload and its parts; one already gone is fine."""
+        self.store.abort_stale_upload(StaleUpload(key, upload_id, 0.0))
+
+    def put(self, key: str, data: bytearray | bytes) -> None:
+        """One object of `data` in a single PUT, checked against its SHA-256."""
+        store = self.store
+        digest = start_beside(_sha256_of, data)()
+        with store._errors(key):
+            store.client.put_object(
+                Bucket=store.bucket,
+                Key=store._full(key),
+                Body=_CooperativeBody(bytearray(data)),
+                ChecksumSHA256=_b64(digest),
+                Metadata={SHA256_METADATA: digest.hex()},
+            )
+
+
+def _sha256_of(data: bytes | bytearray) -> bytes:
+    return hashlib.sha256(data).digest()
