@@ -64,6 +64,7 @@ from deerflow_web.storage.objects.eviction import mark_used
 from deerflow_web.storage.objects.keys import blob_key
 from deerflow_web.storage.objects.keys import blobs_prefix
 from deerflow_web.storage.objects.keys import incoming_key
+from deerflow_web.storage.objects.keys import incoming_prefix
 from deerflow_web.storage.paths import VERSIONS_FOLDER
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import storage_modes
@@ -313,10 +314,19 @@ class WorkingCopies:
     # -- housekeeping ----------------------------------------------------------------
 
     def delete_thread(self, scope: str) -> int:
-        """Remove every blob of a deleted thread; return how many went."""
+        """Remove everything a deleted thread kept in the bucket: its blobs, the bytes of
+        uploads on their way (incoming objects, resumable uploads' tails) and their
+        unfinished multipart uploads; return how many objects and uploads went.
+
+        Its rows are gone by now, so whatever is on its way in ends with a failure
+        rather than landing in a thread that no longer exists."""
         removed = 0
-        for info in list(self.store.list_keys(blobs_prefix(scope))):
-            self.store.delete(info.key)
+        for prefix in (blobs_prefix(scope), incoming_prefix(scope)):
+            for info in list(self.store.list_keys(prefix)):
+                self.store.delete(info.key)
+                removed += 1
+        for upload in self.store.list_stale_uploads(incoming_prefix(scope)):
+            self.store.abort_stale_upload(upload)
             removed += 1
         return removed
 

@@ -388,7 +388,7 @@ def test_a_writer_whose_lease_was_taken_over_sends_nothing_more(
     assert tus(b).offset(url) == 0
 
 
-def test_deleting_the_thread_lets_the_sweep_abort_its_unfinished_upload(
+def test_deleting_the_thread_ends_its_unfinished_upload_in_the_bucket(
     instances: tuple[Instance, Instance],
     bucket: S3ObjectStore,  # noqa: F811
 ) -> None:
@@ -396,12 +396,14 @@ def test_deleting_the_thread_lets_the_sweep_abort_its_unfinished_upload(
     assert a.uploads.upload("t1", (b"kept a moment", "notes.txt")).status_code == 200
     url = tus(a).start("t1", 10 * MiB, "unfinished.bin")
     assert patched(tus(a), url, 0, os.urandom(9 * MiB)) == 9 * MiB
+    assert bucket.list_stale_uploads() != []  # one part on its way, and a tail
     assert b.client.delete("/api/threads/t1").status_code == 200
     engine = services(b).engine
     with engine.connect() as db:
         assert db.execute(select(func.count()).select_from(resumable_parts)).scalar_one() == 0
-    sweeper = services(b).stale_uploads
-    sweeper.older_than_seconds = 0.0
-    assert sweeper.sweep() == 2  # the multipart upload and the tail: no upload names them
+    # Gone with the thread, not left for the sweep.
     assert bucket.list_stale_uploads() == []
     assert bucket_keys(bucket, "t1") == []
+    sweeper = services(b).stale_uploads
+    sweeper.older_than_seconds = 0.0
+    assert sweeper.sweep() == 0
