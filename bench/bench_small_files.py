@@ -298,6 +298,9 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> list[tuple[s
             f"\nserver CPU per file, full thread / empty thread: {median(cpu):.2f}x"
             f"  (per round: {', '.join(f'{r:.2f}' for r in cpu)})"
         )
+    # The ratios are same-run, but a machine busy with other work widens their spread:
+    # the load at the end says how busy it was while the rounds ran.
+    print(f"\nload average at the end (1, 5, 15 min): {os.getloadavg()}")
     print("\ngoals of issue #24, medians over the rounds, ratios taken inside each round:")
     for text, passed in checks:
         print(f"  {'PASS' if passed else 'FAIL'}  {text}")

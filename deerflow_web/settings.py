@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -497,6 +498,14 @@ class StorageSettings:
             raise ConfigError(
                 "storage.backend: s3 needs storage.s3.bucket (or DEER_FLOW_STORAGE_S3_BUCKET)"
             )
+        endpoint = settings.endpoint_url
+        if endpoint is not None:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError(
+                    f"storage.s3.endpoint_url {endpoint!r} must be an http:// or https:// URL "
+                    "with a host (e.g. http://127.0.0.1:8333)"
+                )
         return cls(backend=backend, s3=settings)
 
 
@@ -765,6 +774,18 @@ def _expand_env(value: Any, environ: Mapping[str, str], path: Path) -> Any:
     return value
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """The parser's complaint on one line, with where it is (PyYAML's own text spans
+    several lines: the context, a copy of the line, a caret under the column)."""
+    problem = getattr(error, "problem", None)
+    mark = getattr(error, "problem_mark", None)
+    if problem is None:
+        return " ".join(str(error).split())
+    if mark is None:
+        return str(problem)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+
+
 def read_config_file(path: Path, environ: Mapping[str, str]) -> dict[str, Any]:
     """Parse the YAML file; a broken file stops start-up with a message naming it."""
     try:
@@ -772,7 +793,7 @@ def read_config_file(path: Path, environ: Mapping[str, str]) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"Cannot read config file {path}: {error}") from error
     except yaml.YAMLError as error:
-        raise ConfigError(f"Config file {path} is not valid YAML: {error}") from error
+        raise ConfigError(f"Config file {path} is not valid YAML: {yaml_problem(error)}") from error
     if data is None:
         return {}
     if not isinstance(data, dict):

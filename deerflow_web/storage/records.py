@@ -267,10 +267,6 @@ _SELECT_ALL = (
 _SELECT_ONE = select(*_RECORD_COLUMNS).where(
     uploads.c.scope == bindparam("scope"), uploads.c.filename == bindparam("filename")
 )
-_SELECT_NAMED = select(*_RECORD_COLUMNS).where(
-    uploads.c.scope == bindparam("scope"),
-    uploads.c.filename.in_(bindparam("filenames", expanding=True)),
-)
 # The records that may be a file's companions (the caller applies the companion rule),
 # read by index (migration 0007), whatever the size of the thread.
 _SELECT_COMPANIONS = (
@@ -292,6 +288,44 @@ _SELECT_VERSION = select(record_versions.c.version).where(
 )
 
 
+class _Prepared:
+    """A statement compiled once per dialect and run on the driver with plain values.
+
+    `Connection.execute` of even a prebuilt statement looks its compiled form up by cache
+    key and runs every parameter set through SQLAlchemy's processing, on each call: for
+    the commit's few statements (one of them over every file of the request) that was
+    most of an upload's database time. The columns written here need no conversion on
+    either driver (text, integers, floats), so the driver takes the values as they are.
+    """
+
+    def __init__(self, statement: Executable) -> None:
+        self.statement = statement
+        # dialect -> (SQL, the value names in placeholder order or None for a named
+        # style, the values the statement itself carries: `version=1`)
+        self._compiled: dict[str, tuple[str, tuple[str, ...] | None, dict[str, Any]]] = {}
+
+    def _form(self, db: Connection) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
+        compiled = self._compiled.get(db.dialect.name)
+        if compiled is None:
+            form = self.statement.compile(dialect=db.dialect)
+            positions = tuple(form.positiontup) if form.positiontup else None
+            fixed = {name: bind.value for name, bind in form.binds.items() if not bind.required}
+            compiled = self._compiled[db.dialect.name] = (form.string, positions, fixed)
+        return compiled
+
+    def run(self, db: Connection, values: dict[str, Any] | list[dict[str, Any]]) -> Any:
+        """Run with one set of values (a dict) or many (a list: one `executemany`)."""
+        sql, positions, fixed = self._form(db)
+        many = values if isinstance(values, list) else [values]
+        if fixed:
+            many = [{**fixed, **one} for one in many]
+        if positions is None:  # a named paramstyle (psycopg): the dicts as they are
+            rows: Any = many
+        else:
+            rows = [tuple(one[name] for name in positions) for one in many]
+        return db.exec_driver_sql(sql, rows if isinstance(values, list) else rows[0])
+
+
 def _upsert(dialect_insert: Any) -> Executable:
     statement = dialect_insert(uploads).values({k: bindparam(k) for k in _WRITTEN_COLUMNS})
     return statement.on_conflict_do_update(
@@ -308,7 +342,7 @@ def _version_bump(dialect_insert: Any) -> Executable:
 
 
 @lru_cache(maxsize=64)
-def _names_by_sha256(count: int) -> Executable:
+def _names_by_sha256(count: int) -> _Prepared:
     """For `count` hashes, the last name holding each: one index seek per hash (migration
     0007), however many copies of the same bytes the thread holds (a GROUP BY would read
     every one of them)."""
@@ -320,11 +354,28 @@ def _names_by_sha256(count: int) -> Executable:
         .subquery()
         for i in range(count)
     ]
-    return union_all(*(select(arm.c.sha256, arm.c.filename) for arm in arms))
+    return _Prepared(union_all(*(select(arm.c.sha256, arm.c.filename) for arm in arms)))
 
 
-_UPSERT = {"postgresql": _upsert(pg_insert), "sqlite": _upsert(sqlite_insert)}
-_BUMP_VERSION = {"postgresql": _version_bump(pg_insert), "sqlite": _version_bump(sqlite_insert)}
+@lru_cache(maxsize=64)
+def _select_named(count: int) -> _Prepared:
+    """The records of `count` names (`f0`...), in one read by primary key."""
+    return _Prepared(
+        select(*_RECORD_COLUMNS).where(
+            uploads.c.scope == bindparam("scope"),
+            uploads.c.filename.in_([bindparam(f"f{i}") for i in range(count)]),
+        )
+    )
+
+
+_UPSERT = {
+    "postgresql": _Prepared(_upsert(pg_insert)),
+    "sqlite": _Prepared(_upsert(sqlite_insert)),
+}
+_BUMP_VERSION = {
+    "postgresql": _Prepared(_version_bump(pg_insert)),
+    "sqlite": _Prepared(_version_bump(sqlite_insert)),
+}
 
 
 def _read_all(db: Connection, scope: str) -> list[StoredRecord]:
@@ -334,7 +385,7 @@ def _read_all(db: Connection, scope: str) -> list[StoredRecord]:
 
 def _bump_version(db: Connection, scope: str) -> None:
     """Count a change to the thread's records, in the transaction that makes it."""
-    db.execute(_BUMP_VERSION[db.dialect.name], {"scope": scope})
+    _BUMP_VERSION[db.dialect.name].run(db, {"scope": scope})
 
 
 def _read_version(db: Connection, scope: str) -> int | None:
@@ -371,7 +422,8 @@ class _Transaction:
         wanted = sorted(set(filenames))
         found: dict[str, StoredRecord | None] = dict.fromkeys(wanted)
         if wanted:
-            rows = self._db.execute(_SELECT_NAMED, {"scope": self._scope, "filenames": wanted})
+            params = {f"f{i}": name for i, name in enumerate(wanted)}
+            rows = _select_named(len(wanted)).run(self._db, {"scope": self._scope, **params})
             found.update((row[0], _to_stored(tuple(row))) for row in rows)
         return found
 
@@ -384,7 +436,7 @@ class _Transaction:
         if not wanted:
             return {}
         params = {f"h{i}": sha256 for i, sha256 in enumerate(wanted)}
-        rows = self._db.execute(_names_by_sha256(len(wanted)), {"scope": self._scope, **params})
+        rows = _names_by_sha256(len(wanted)).run(self._db, {"scope": self._scope, **params})
         return {sha256: filename for sha256, filename in rows}
 
     def companion_candidates(self, original: str, companion: str) -> list[StoredRecord]:
@@ -399,7 +451,7 @@ class _Transaction:
     def put(self, stored: StoredRecord) -> None:
         if self._before_write is not None:
             self._before_write(self._scope, (stored,))
-        self._db.execute(_UPSERT[self._db.dialect.name], _values(self._scope, stored))
+        _UPSERT[self._db.dialect.name].run(self._db, _values(self._scope, stored))
 
     def put_many(self, stored: Iterable[StoredRecord]) -> None:
         """`put` each, in one statement run over all of them."""
@@ -408,7 +460,7 @@ class _Transaction:
             self._before_write(self._scope, stored)
         values = [_values(self._scope, one) for one in stored]
         if values:
-            self._db.execute(_UPSERT[self._db.dialect.name], values)
+            _UPSERT[self._db.dialect.name].run(self._db, values)
 
     def delete(self, filename: str) -> None:
         self._db.execute(_DELETE_ONE, {"scope": self._scope, "filename": filename})

@@ -6,6 +6,8 @@ import logging
 import os
 import secrets
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flask import Flask
@@ -212,7 +214,8 @@ def secret_key_of_data_dir(settings: Settings) -> str:
             "other machines do not share; set one key for all (docs/deploy.md)",
             settings.storage.backend,
         )
-    return persistent_secret_key(settings.base_dir)
+    with data_dir_in_use(settings.base_dir):
+        return persistent_secret_key(settings.base_dir)
 
 
 def persistent_secret_key(base_dir: Path) -> str:
@@ -244,19 +247,41 @@ def open_engine(settings: Settings) -> Engine:
     """The engine of the configured database (the data dir's SQLite file by default).
 
     Raises:
-        ConfigError: The URL is not one SQLAlchemy can use (malformed, unknown driver).
+        ConfigError: The URL is not one SQLAlchemy can use (malformed, unknown driver, a
+            driver that is not installed).
     """
     try:
         return make_engine(settings.database_url or default_database_url(settings.base_dir))
-    except (ArgumentError, NoSuchModuleError) as error:
+    except (ArgumentError, NoSuchModuleError, ImportError) as error:
         raise ConfigError(f"database.url / DATABASE_URL is not usable: {error}") from None
+
+
+@contextmanager
+def data_dir_in_use(base_dir: Path) -> Iterator[None]:
+    """Where the data dir is first created or written: a folder that cannot be (a path
+    through a file, a read-only or foreign mount) is a configuration error, said in one
+    line, not a traceback from deep inside the start-up.
+
+    Raises:
+        ConfigError: The data dir cannot be created or written.
+    """
+    try:
+        yield
+    except OSError as error:
+        reason = error.strerror or str(error)
+        where = f" ({error.filename})" if error.filename else ""
+        raise ConfigError(
+            f"The data dir {base_dir} cannot be used: {reason}{where}; "
+            "set DEER_FLOW_HOME to a folder this user may create and write"
+        ) from None
 
 
 def init_app(app: Flask, settings: Settings) -> None:
     """Attach the services and start up on the database: now, or once it answers (while
     it does not, every request but the health probes is answered 503)."""
     use_storage_group(settings.storage_group)
-    secure_data_dir(settings.base_dir)
+    with data_dir_in_use(settings.base_dir):
+        secure_data_dir(settings.base_dir)
     services = Services(settings)
     sweep_stale_work_folders()  # of converters whose server was killed; no database needed
     try:

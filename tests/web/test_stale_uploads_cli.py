@@ -84,7 +84,7 @@ def test_on_s3_the_background_jobs_run_the_sweep(on_s3: None, make_app: Any) -> 
     assert services.stale_uploads.store is services.uploads.paths.copies.store
     assert services.stale_uploads.older_than_seconds == 24 * 3600
     assert "stale upload sweeps every 60 min (older than 24 h)" in services.jobs.describe()
-    assert services.stale_uploads._thread is not None  # jobs.run_in_web: started here
+    assert services.stale_uploads.is_running  # jobs.run_in_web: started here
 
 
 def test_with_jobs_off_the_web_instance_leaves_the_sweep_to_workers(
@@ -92,7 +92,7 @@ def test_with_jobs_off_the_web_instance_leaves_the_sweep_to_workers(
 ) -> None:
     services = make_app(jobs={"run_in_web": False}).extensions[EXTENSION_KEY]
     assert services.stale_uploads is not None
-    assert services.stale_uploads._thread is None
+    assert not services.stale_uploads.is_running
 
 
 def test_on_the_local_disk_there_is_no_bucket_to_sweep(make_app: Any) -> None:

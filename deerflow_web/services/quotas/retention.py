@@ -20,11 +20,9 @@ app or an agent's sandbox). A thread with an upload in progress is never removed
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,13 +38,12 @@ from deerflow_web.errors import UnsafeFolder
 from deerflow_web.errors import UploadNotFound
 from deerflow_web.models import SINGLE_USER
 from deerflow_web.models import ThreadRef
+from deerflow_web.services.periodic import PeriodicJob
 from deerflow_web.services.threads.catalog import ThreadCatalog
 from deerflow_web.services.threads.catalog import folder_time
-from deerflow_web.storage.database import job_leases
 from deerflow_web.storage.database import resumable_uploads
 from deerflow_web.storage.database import threads
 from deerflow_web.storage.database import uploads
-from deerflow_web.storage.database import write_transaction
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.paths import is_staging_name
 
@@ -130,8 +127,13 @@ class RetentionSweeper:
         self.trash = trash
         self._clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._job = PeriodicJob(
+            LEASE_NAME,
+            min(interval_seconds, CHECK_SECONDS),
+            self.sweep_if_due,
+            what="retention sweep",
+            log=logger,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -141,40 +143,25 @@ class RetentionSweeper:
 
     def start(self) -> None:
         """Try a sweep every few minutes in the background (`sweep_if_due` decides)."""
-        if not self.enabled or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
-        self._thread.start()
+        if self.enabled:
+            self._job.start()
 
     def stop(self) -> None:
         """Stop the periodic sweeps (tests, shutdown)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=10)
+        self._job.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(min(self.interval_seconds, CHECK_SECONDS)):
-            try:
-                self.sweep_if_due()
-            except Exception:
-                logger.exception("retention sweep failed")
+    @property
+    def is_running(self) -> bool:
+        """Whether the periodic sweeps are on in this process."""
+        return self._job.is_running
 
     def sweep_if_due(self) -> SweepReport | None:
         """A sweep when none ran within the interval and no other instance is sweeping."""
-        if not self.enabled or self._last_sweep() > self._clock() - self.interval_seconds:
+        if not self.enabled:
+            return None
+        if self.leases.last_run(LEASE_NAME) > self._clock() - self.interval_seconds:
             return None
         return self.sweep()
-
-    def _last_sweep(self) -> float:
-        with self.engine.connect() as db:
-            state = db.execute(
-                select(job_leases.c.state).where(job_leases.c.name == LEASE_NAME)
-            ).scalar_one_or_none()
-        try:
-            return float(json.loads(state or "{}").get("last_sweep", 0.0))
-        except (ValueError, AttributeError, TypeError):
-            return 0.0
 
     # --- one sweep ----------------------------------------------------------------------
 
@@ -190,7 +177,7 @@ class RetentionSweeper:
                 self.trash.purge_expired_trash(now)
             if self.thread_days is not None:
                 self._sweep_threads(now - self.thread_days * 86400, report)
-            self._remember(now)
+            self.leases.remember_run(LEASE_NAME, now)
         finally:
             self.leases.release(LEASE_NAME, self.owner)
         logger.info("%s", report.summary())
@@ -304,11 +291,3 @@ class RetentionSweeper:
             (mtime_ns or 0) / 1e9,
             folder_time(self.catalog.paths, ref),
         )
-
-    def _remember(self, now: float) -> None:
-        with write_transaction(self.engine) as db:
-            db.execute(
-                job_leases.update()
-                .where(job_leases.c.name == LEASE_NAME)
-                .values(state=json.dumps({"last_sweep": now}))
-            )

@@ -14,7 +14,6 @@ import logging
 import os
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from deerflow_web.errors import TooLargeToScan
 from deerflow_web.models import ScanState
 from deerflow_web.models import ScanVerdict
 from deerflow_web.models import UploadRecord
+from deerflow_web.services.periodic import PeriodicJob
 from deerflow_web.services.scanning.scanner import Scanner
 from deerflow_web.services.uploads.service import UploadService
 from deerflow_web.storage.job_leases import JobLeases
@@ -88,8 +88,7 @@ class Rescanner:
         self.quarantine_dir = uploads.paths.base_dir / QUARANTINE_DIR
         self._clock = clock
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._job: PeriodicJob | None = None
 
     def run(self, *, everything: bool = False) -> RescanReport:
         """Scan what is due (`everything`: every file) and purge expired quarantine.
@@ -186,19 +185,26 @@ class Rescanner:
 
     def start(self, interval: float) -> None:
         """Try a pass every `interval` seconds in the background (one instance runs it)."""
-        if interval <= 0 or self._thread is not None:
+        if interval <= 0 or self.is_running:
             return
-        self._thread = threading.Thread(
-            target=self._loop, args=(interval,), name="rescan", daemon=True
+        self._job = PeriodicJob(
+            LEASE_NAME,
+            interval,
+            lambda: self.run_if_leased(interval),
+            skips={ScannerUnavailable: "the virus scanner is unavailable"},
+            log=logger,
         )
-        self._thread.start()
+        self._job.start()
 
     def stop(self) -> None:
         """Stop the periodic job (tests, shutdown)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=10)
+        if self._job is not None:
+            self._job.stop()
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the periodic passes are on in this process."""
+        return self._job is not None and self._job.is_running
 
     def run_if_leased(self, interval: float) -> RescanReport | None:
         """One pass if this process takes the lease; else None.
@@ -210,12 +216,3 @@ class Rescanner:
         if not self.leases.take(LEASE_NAME, self._owner, now, now + max(interval, 60.0)):
             return None
         return self.run()
-
-    def _loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                self.run_if_leased(interval)
-            except ScannerUnavailable:
-                logger.warning("rescan skipped: the virus scanner is unavailable")
-            except Exception:
-                logger.exception("rescan failed")

@@ -21,21 +21,16 @@ every `CHECK_SECONDS` sweep about once per interval between them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable
 from collections.abc import Collection
 
-from sqlalchemy import select
-
 from deerflow_web.errors import ObjectStoreUnavailable
-from deerflow_web.storage.database import job_leases
-from deerflow_web.storage.database import write_transaction
+from deerflow_web.services.periodic import PeriodicJob
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.base import sweep_stale_uploads
@@ -69,8 +64,14 @@ class StaleUploadSweeper:
         self.interval_seconds = interval_seconds
         self._clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._job = PeriodicJob(
+            LEASE_NAME,
+            interval_seconds,
+            self.sweep_if_due,
+            what="stale upload sweep",
+            skips={ObjectStoreUnavailable: "the object store is unavailable"},
+            log=logger,
+        )
 
     def describe(self) -> str:
         """What the periodic job does, for the start-up log line."""
@@ -83,31 +84,20 @@ class StaleUploadSweeper:
 
     def start(self) -> None:
         """Try a sweep every `interval_seconds` in the background (`sweep_if_due` decides)."""
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="stale-uploads", daemon=True)
-        self._thread.start()
+        self._job.start()
 
     def stop(self) -> None:
         """Stop the periodic sweeps (shutdown, tests)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=10)
+        self._job.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_seconds):
-            try:
-                self.sweep_if_due()
-            except ObjectStoreUnavailable:
-                logger.warning("stale upload sweep skipped: the object store is unavailable")
-            except Exception:
-                logger.exception("stale upload sweep failed")
+    @property
+    def is_running(self) -> bool:
+        """Whether the periodic sweeps are on in this process."""
+        return self._job.is_running
 
     def sweep_if_due(self) -> int | None:
         """A sweep when none ran within the interval and no other instance is sweeping."""
-        if self._last_sweep() > self._clock() - self.interval_seconds:
+        if self.leases.last_run(LEASE_NAME) > self._clock() - self.interval_seconds:
             return None
         return self.sweep()
 
@@ -135,7 +125,7 @@ class StaleUploadSweeper:
             aborted += remove_stale_incoming(
                 self.store, now - self.older_than_seconds, keep=resumable.live_upload_ids
             )
-            self._remember(now)
+            self.leases.remember_run(LEASE_NAME, now)
         finally:
             self.leases.release(LEASE_NAME, self.owner)
         if aborted:
@@ -148,24 +138,6 @@ class StaleUploadSweeper:
         else:
             logger.info("stale upload sweep: no unfinished upload to abort")
         return aborted
-
-    def _last_sweep(self) -> float:
-        with self.engine.connect() as db:
-            state = db.execute(
-                select(job_leases.c.state).where(job_leases.c.name == LEASE_NAME)
-            ).scalar_one_or_none()
-        try:
-            return float(json.loads(state or "{}").get("last_sweep", 0.0))
-        except (ValueError, AttributeError, TypeError):
-            return 0.0
-
-    def _remember(self, now: float) -> None:
-        with write_transaction(self.engine) as db:
-            db.execute(
-                job_leases.update()
-                .where(job_leases.c.name == LEASE_NAME)
-                .values(state=json.dumps({"last_sweep": now}))
-            )
 
 
 def remove_stale_incoming(

@@ -140,5 +140,5 @@ def test_the_background_job_sweeps_until_stopped(store: S3ObjectStore, engine: E
         wait_until(lambda: store.list_stale_uploads() == [], timeout=30)
     finally:
         sweeper.stop()
-    assert sweeper._thread is None
+    assert not sweeper.is_running
     assert "stale upload sweeps every" in sweeper.describe()

@@ -79,8 +79,8 @@ def test_rescans_and_sweeps_start_only_where_jobs_run(
     )
     services = app.extensions[EXTENSION_KEY]
     assert services.rescans is not None
-    assert (services.rescans._thread is not None) is started
-    assert (services.retention._thread is not None) is started
+    assert services.rescans.is_running is started
+    assert services.retention.is_running is started
     described = services.jobs.describe()
     assert "rescans every 3600 s" in described and "retention sweeps every 60 min" in described
     services.conversions.start_keeper()  # what app.py does in a server
