@@ -446,6 +446,10 @@ class S3Settings:
     # S3 cannot tell a live upload of another instance from a dead one: the age is the
     # whole rule, so it must be longer than any push of a file may take.
     stale_upload_hours: float = 24.0
+    # This instance's working copy of the bucket (its data dir) is kept under this many
+    # bytes by evicting the threads used longest ago (storage/objects/eviction.py); 0:
+    # unbounded.
+    working_copy_max_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -486,6 +490,16 @@ class StorageSettings:
                 {"stale_upload_hours": value(s3, "stale_upload_hours", "S3_STALE_UPLOAD_HOURS")},
                 "stale_upload_hours",
                 S3Settings.stale_upload_hours,
+                section_name="storage.s3",
+            ),
+            working_copy_max_bytes=positive_setting(
+                {
+                    "working_copy_max_bytes": value(
+                        s3, "working_copy_max_bytes", "S3_WORKING_COPY_MAX_BYTES"
+                    )
+                },
+                "working_copy_max_bytes",
+                S3Settings.working_copy_max_bytes,
                 section_name="storage.s3",
             ),
         )

@@ -140,6 +140,23 @@ def test_a_stale_upload_age_that_is_not_positive_keeps_the_default(
     assert settings_from(tmp_path, S3_CONFIG, environ).s3.stale_upload_hours == 24.0
 
 
+def test_the_working_copy_is_unbounded_unless_a_size_is_set(tmp_path: Path) -> None:
+    assert settings_from(tmp_path, S3_CONFIG).s3.working_copy_max_bytes == 0
+    configured = S3_CONFIG + "    working_copy_max_bytes: 10737418240\n"
+    assert settings_from(tmp_path, configured).s3.working_copy_max_bytes == 10 * 1024**3
+    environ = {"DEER_FLOW_STORAGE_S3_WORKING_COPY_MAX_BYTES": "1048576"}
+    assert settings_from(tmp_path, configured, environ).s3.working_copy_max_bytes == 1024**2
+
+
+@pytest.mark.parametrize("bad", ["-3", "lots", "true"])
+def test_a_working_copy_size_that_is_not_positive_leaves_it_unbounded(
+    tmp_path: Path, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    configured = S3_CONFIG + f"    working_copy_max_bytes: {bad}\n"
+    assert settings_from(tmp_path, configured).s3.working_copy_max_bytes == 0
+    assert "storage.s3.working_copy_max_bytes" in caplog.text
+
+
 def test_the_agent_side_reads_the_records_of_the_apps_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database_url: str
 ) -> None:

@@ -17,6 +17,7 @@ from flask import request
 from sqlalchemy import Engine
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.exc import NoSuchModuleError
+from sqlalchemy.exc import OperationalError
 
 from deerflow_web.errors import ConfigError
 from deerflow_web.errors import NotAuthenticated
@@ -30,6 +31,7 @@ from deerflow_web.services.files.share_links import ShareLinks
 from deerflow_web.services.files.thumbnails import Thumbnails
 from deerflow_web.services.history.hooks import ThreadHistory
 from deerflow_web.services.history.hooks import make_history
+from deerflow_web.services.periodic import PeriodicJob
 from deerflow_web.services.prompt.chat_preview import ChatPreviewService
 from deerflow_web.services.prompt.chat_preview import make_chat_preview_service
 from deerflow_web.services.prompt.tool_preview import ToolPreviewService
@@ -48,12 +50,16 @@ from deerflow_web.services.uploads.service import make_upload_service
 from deerflow_web.services.uploads.stale_uploads import StaleUploadSweeper
 from deerflow_web.settings import Settings
 from deerflow_web.storage.database import CONNECT_TIMEOUT_SECONDS
+from deerflow_web.storage.database import DatabaseUnavailable
 from deerflow_web.storage.database import default_database_url
 from deerflow_web.storage.database import make_engine
 from deerflow_web.storage.install_storage import refuse_local_after_move
 from deerflow_web.storage.job_leases import JobLeases
 from deerflow_web.storage.local import sweep_staging_files
 from deerflow_web.storage.migrate import upgrade_database
+from deerflow_web.storage.objects.eviction import EVICTION_INTERVAL_SECONDS
+from deerflow_web.storage.objects.eviction import WorkingCopyBudget
+from deerflow_web.storage.objects.eviction import logger as eviction_logger
 from deerflow_web.storage.paths import make_dirs_with_mode
 from deerflow_web.storage.paths import secure_data_dir
 from deerflow_web.storage.paths import tighten_secret_file
@@ -148,6 +154,23 @@ class Services:
                 JobLeases(self.engine),
                 settings.storage.s3.stale_upload_hours * 3600,
             )
+        # On S3 with `storage.s3.working_copy_max_bytes`: this data dir kept within it, by
+        # every process that reads it (web, jobs off or on, and workers), one at a time.
+        self.working_copy_budget: PeriodicJob | None = None
+        max_bytes = settings.storage.s3.working_copy_max_bytes
+        if copies is not None and max_bytes:
+            budget = WorkingCopyBudget(settings.base_dir, self.uploads.records, max_bytes)
+            self.working_copy_budget = PeriodicJob(
+                "working-copy-budget",
+                EVICTION_INTERVAL_SECONDS,
+                budget.evict,
+                what="working copy eviction",
+                skips={
+                    DatabaseUnavailable: "the database is unavailable",
+                    OperationalError: "the database is unavailable",
+                },
+                log=eviction_logger,
+            )
         # Conversions, rescans and sweeps: started here unless `jobs.run_in_web` is off, run
         # by `flask --app app worker` either way.
         self.jobs = BackgroundJobs(
@@ -173,6 +196,8 @@ class Services:
         sweep_staging_files(
             self.uploads.paths.iter_uploads_dirs(), keep=self.resumable.is_live_staging
         )
+        if self.working_copy_budget is not None:
+            self.working_copy_budget.start()
         if settings.jobs.run_in_web:
             # The lease keeper is started by a server (app.py) or a worker, not by every app.
             self.jobs.start(keeper=False)

@@ -52,6 +52,8 @@ _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 LOW_WATER = 0.8
 # A thread read this recently may be in the middle of a request: its files stay.
 DEFAULT_IDLE_SECONDS = 600.0
+# How often each instance looks at its size (one walk of its thread folders).
+EVICTION_INTERVAL_SECONDS = 60.0
 
 
 def mark_used(thread_dir: Path) -> None:

@@ -195,3 +195,34 @@ def test_one_process_of_a_data_dir_evicts_at_a_time(
         os.close(held)
     done = budget.evict()
     assert done is not None and done.threads == 1
+
+
+def test_an_instance_given_a_bound_keeps_its_data_dir_within_it(
+    monkeypatch: pytest.MonkeyPatch, on_s3: None, make_app: Any, base_dir: Path
+) -> None:
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_WORKING_COPY_MAX_BYTES", str(150 * KiB))
+    app = make_app()
+    job = app.extensions[EXTENSION_KEY].working_copy_budget
+    assert job is not None and job.is_running  # in every process that reads the copy
+    client = app.test_client()
+    fill(client, "old", "a.bin", "b.bin")
+    fill(client, "recent", "c.bin")
+    used_ago(base_dir, "old", 3600)
+
+    job.run_once()  # a round, as the schedule runs it every minute
+
+    assert list(uploads_dir(base_dir, "old").iterdir()) == []
+    assert (uploads_dir(base_dir, "recent") / "c.bin").exists()
+    job.stop()
+
+
+def test_without_a_bound_or_a_bucket_no_eviction_runs(
+    monkeypatch: pytest.MonkeyPatch, make_app: Any
+) -> None:
+    monkeypatch.setenv("DEER_FLOW_STORAGE_S3_WORKING_COPY_MAX_BYTES", str(150 * KiB))
+    local = make_app()  # the local disk is the files themselves, not a copy
+    assert local.extensions[EXTENSION_KEY].working_copy_budget is None
+
+
+def test_an_instance_on_s3_without_a_bound_runs_none(on_s3: None, make_app: Any) -> None:
+    assert make_app().extensions[EXTENSION_KEY].working_copy_budget is None
