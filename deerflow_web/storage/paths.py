@@ -211,6 +211,11 @@ STAGING_PREFIX = ".upload-"
 STAGING_SUFFIX = ".part"
 
 
+def _is_one_name(relative: str) -> bool:
+    """Whether a path inside an area is one plain name (a file of the area itself)."""
+    return relative not in ("", ".", "..") and "/" not in relative
+
+
 def is_staging_name(name: str) -> bool:
     """Whether `name` is a staging file (SPEC 1.7): `.upload-*.part`."""
     return name.startswith(STAGING_PREFIX) and name.endswith(STAGING_SUFFIX)
@@ -482,6 +487,12 @@ class ThreadFolders:
             copies = self.paths.copies
             assert copies is not None
             copies.hydrate(self)
+        folder = self._area_checked(area)
+        self._areas[area] = folder
+        return folder
+
+    def _area_checked(self, area: Area) -> Path:
+        """The area's folder once it is known to be a real folder (or missing)."""
         folder = self.user_data_dir() / area.value
         if self._user_data_exists:
             try:
@@ -492,12 +503,17 @@ class ThreadFolders:
                 if not stat.S_ISDIR(info.st_mode):  # a link, a file
                     raise UnsafeFolder(folder.relative_to(self.paths.base_dir).as_posix())
                 self._existing.add(folder)
-        self._areas[area] = folder
         return folder
 
     def uploads_dir(self) -> Path:
         """The thread's uploads folder, checked (not created)."""
         return self.area_dir(Area.UPLOADS)
+
+    def holds_upload(self, path: Path) -> bool:
+        """Whether `path` (resolved) names a file directly in the uploads folder. Only a
+        comparison: the folder is neither read nor, on the S3 backend, brought up to
+        date, so serving one upload fetches that upload alone."""
+        return path.parent == self.area_location(Area.UPLOADS)
 
     def versions_dir(self) -> Path:
         """Where the earlier bytes of replaced files are kept (checked, not created): the
@@ -573,8 +589,15 @@ class ThreadFolders:
         if stripped != prefix and not stripped.startswith(prefix + "/"):
             raise ArtifactPrefixError()
         relative = stripped[len(prefix) :].lstrip("/")
-        area = relative.split("/", 1)[0]
-        if area in _AREA_NAMES:
+        area, _, rest = relative.partition("/")
+        if area == Area.UPLOADS.value and not self._hydrated and _is_one_name(rest):
+            # One upload (a download, a preview): on the S3 backend only that file is
+            # fetched, not every file of the thread the folder lacks.
+            self._area_checked(Area.UPLOADS)  # a linked area is refused all the same
+            copies = self.paths.copies
+            assert copies is not None
+            copies.hydrate_file(self, rest)
+        elif area in _AREA_NAMES:
             self.area_dir(Area(area))  # a linked area is refused even when it stays inside
         elif not self._hydrated:
             self.area_dir(Area.UPLOADS)  # the root: a listing shows it, a search reaches in

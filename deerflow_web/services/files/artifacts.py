@@ -197,7 +197,7 @@ def is_foreign_upload(
 
     Only a file with more than one link needs the (costlier) look at the listing.
     """
-    if actual.parent != folders.uploads_dir():
+    if not folders.holds_upload(actual):
         return False
     if actual.stat().st_nlink <= 1:
         return False

@@ -84,7 +84,7 @@ def open_checked(uploads: UploadService, thread: Thread, path: Path) -> CheckedF
         info = os.fstat(fd)
         record = None
         folders = uploads.folders(thread)
-        if stat.S_ISREG(info.st_mode) and path.parent == folders.uploads_dir():
+        if stat.S_ISREG(info.st_mode) and folders.holds_upload(path):
             record = checked_record(uploads, folders, path.name, fd, info)
         return CheckedFile(handle, facts_of(info), record)
     except BaseException:

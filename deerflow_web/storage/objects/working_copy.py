@@ -229,6 +229,45 @@ class WorkingCopies:
                 staging.unlink(missing_ok=True)
         folders.forget_records()
 
+    def hydrate_file(self, folders: ThreadFolders, name: str) -> None:
+        """Bring one upload of the thread up to date with its record, leaving the rest of
+        the folder as it is: what serving that one file needs (a download, a `Range`
+        request, a preview), without fetching every file of the thread this copy lacks.
+        Fetched and checked as `hydrate` does; a file the records no longer name goes.
+
+        Raises:
+            ObjectStoreUnavailable, StorageFailure: As `hydrate`.
+        """
+        records = self._records()
+        scope = folders.scope
+        mark_used(folders.thread_dir())
+        folder = folders.user_data_dir() / Area.UPLOADS.value
+        path = folder / name
+        if is_staging_name(name):
+            return  # never an upload: the caller refuses it
+        try:
+            info: os.stat_result | None = os.lstat(path)
+        except FileNotFoundError:
+            info = None
+        wanted = records.get(scope, name)
+        if wanted is None:
+            if info is not None and stat.S_ISREG(info.st_mode):
+                with records.locked_here(scope) as txn:
+                    if txn.get(name) is None:  # deleted or renamed on another instance
+                        path.unlink(missing_ok=True)
+            return
+        if info is not None and stat.S_ISREG(info.st_mode) and _is_current(info, wanted):
+            return
+        folders.make_dirs(folder)
+        staging = self._fetch(scope, wanted.record.sha256, folder, name, wanted.mtime_ns)
+        try:
+            with records.locked_here(scope) as txn:
+                current = txn.get(name)  # only what the records still say lands
+                if current is not None and _same_bytes(current, wanted):
+                    os.replace(staging, path)
+        finally:
+            staging.unlink(missing_ok=True)
+
     def hydrate_history(self, folders: ThreadFolders, kind: str, folder: Path) -> None:
         """Make the thread's versions or trash folder hold what its history rows say: the
         kept bytes of uploads fetched where missing, entries no row names removed.

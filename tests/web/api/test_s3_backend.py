@@ -511,3 +511,37 @@ def test_an_infected_upload_streamed_into_the_bucket_is_taken_back_out(
     assert a.uploads.names("s7") == ["clean.bin"]
     assert bucket_keys(bucket, "s7") == [blob_key(scope_of("s7"), sha(clean))]
     assert_nothing_in_flight(bucket)
+
+
+def test_serving_one_upload_fetches_that_file_alone(
+    instances: tuple[Instance, Instance],
+) -> None:
+    a, b = instances
+    bodies = {name: secrets.token_bytes(100_000) for name in ("a.bin", "b.bin", "c.bin")}
+    assert (
+        a.uploads.upload("t9", *[(body, name) for name, body in bodies.items()]).status_code == 200
+    )
+
+    assert b.download("t9", "b.bin").data == bodies["b.bin"]
+    ranged = b.client.get(
+        "/api/threads/t9/artifacts/mnt/user-data/uploads/c.bin", headers={"Range": "bytes=10-19"}
+    )
+    assert ranged.status_code == 206
+    assert ranged.get_data() == bodies["c.bin"][10:20]
+    ranged.close()
+
+    # Only what was served was fetched: a download does not copy the whole thread.
+    assert sorted(p.name for p in uploads_dir(b.base_dir, "t9").iterdir()) == ["b.bin", "c.bin"]
+    # Replaced on A: B serves the new bytes; deleted on A: B answers 404 and lets it go.
+    assert a.uploads.upload("t9", (b"second version", "b.bin")).status_code == 200
+    assert b.download("t9", "b.bin").data == b"second version"
+    assert a.client.delete("/api/threads/t9/uploads/c.bin").status_code == 200
+    assert b.download("t9", "c.bin").status_code == 404
+    assert not b.local("t9", "c.bin").exists()
+    # A zip of the thread fetches the members it lacks, each checked against its record.
+    assert b.uploads.names("t9") == ["a.bin", "b.bin"]
+    zipped = b.client.get("/threads/t9/zip")
+    assert zipped.status_code == 200
+    with zipfile.ZipFile(BytesIO(zipped.get_data())) as archive:
+        assert archive.read("a.bin") == bodies["a.bin"]
+        assert archive.read("b.bin") == b"second version"
