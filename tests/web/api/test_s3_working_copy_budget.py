@@ -107,6 +107,8 @@ def test_the_threads_used_longest_ago_leave_first_and_come_back_on_reading(
     # Still listed (the records say what a thread holds), and served byte for byte.
     assert UploadActions(client).names("old") == ["a.bin", "b.bin"]
     assert download(client, "old", "b.bin") == old["b.bin"]
+    assert not (uploads_dir(base_dir, "old") / "a.bin").exists()  # fetched when served
+    assert download(client, "old", "a.bin") == old["a.bin"]
     assert (uploads_dir(base_dir, "old") / "a.bin").read_bytes() == old["a.bin"]
     assert download(client, "middle", "c.bin") == middle["c.bin"]
 
