@@ -805,7 +805,9 @@ def test_a_slow_render_stops_at_its_cpu_bound_and_is_not_tried_again(
     first, cpu_seconds = _timed_preview(client, "uploads/slow.md")
     second, again_seconds = _timed_preview(client, "uploads/slow.md")
 
-    assert cpu_seconds < 0.3 + 0.5 and again_seconds < 0.3
+    # The bound, plus up to 1 s of the request's own work under a loaded machine; a
+    # full parse takes several seconds, so passing proves the render stopped at it.
+    assert cpu_seconds < 0.3 + 1.0 and again_seconds < 0.3
     for html in (first, second):
         assert "took too long to format; it is shown as source text" in html
         assert '<article class="markdown-body">' not in html
