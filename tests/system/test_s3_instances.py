@@ -21,14 +21,10 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
-import yaml
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 from langchain_core.messages import HumanMessage
@@ -36,13 +32,9 @@ from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from deerflow_web.agent import UploadTools
-from deerflow_web.storage.objects.s3 import S3ObjectStore
 from deerflow_web.storage.paths import is_staging_name
-from tests.helpers import AUTH_ON
-from tests.helpers import SERVER_TOKEN
 from tests.helpers import USER_ID
 from tests.helpers import auth_header_line
-from tests.helpers import provision_server_user
 from tests.helpers import uploads_dir
 from tests.helpers import wait_until
 from tests.support.agent_helpers import AgentContext
@@ -52,95 +44,24 @@ from tests.support.documents import make_docx
 from tests.support.live_server import ROOT
 from tests.support.live_server import LiveServer
 from tests.support.live_worker import LiveWorker
+from tests.support.s3_deployment import AUTH
+from tests.support.s3_deployment import Cluster
 from tests.support.s3_deployment import ThrottledProxy
-from tests.support.s3_deployment import s3_environment
-from tests.support.seaweedfs import SeaweedFS
-from tests.support.seaweedfs import weed_missing
+from tests.support.s3_deployment import bucket  # noqa: F401 - fixtures
+from tests.support.s3_deployment import cluster  # noqa: F401
+from tests.support.s3_deployment import download
+from tests.support.s3_deployment import listing
+from tests.support.s3_deployment import s3_server  # noqa: F401
+from tests.support.s3_deployment import two  # noqa: F401
+from tests.support.s3_deployment import write_config
 
 # Real processes, signed in with a token: the mode changes only the gate, which tests/web
 # covers in both modes; the single-user pass skips this module.
 pytestmark = pytest.mark.same_in_both_modes
 
-AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
-BUCKET = "deerflow-processes"
 MIB = 1024 * 1024
 CONVERT_SECONDS = 120.0  # a small .docx on a loaded machine
 SLOW_PUSH_RATE = MIB  # bytes a second from instance A to the bucket in the kill test
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    """This module's own S3 server: the outage test stops it."""
-    if (reason := weed_missing()) is not None:
-        pytest.skip(reason)
-    server = SeaweedFS.start(tmp_path_factory.mktemp("seaweedfs-processes"))
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
-def bucket(s3_server: SeaweedFS) -> S3ObjectStore:
-    """This test's prefix of the bucket, as the instances see it."""
-    return s3_server.store(BUCKET, prefix=f"t-{secrets.token_hex(6)}")
-
-
-@dataclass
-class Cluster:
-    """What the instances of one test share, and how to start one."""
-
-    s3: SeaweedFS
-    bucket: S3ObjectStore
-    database_url: str
-    config: Path
-    tmp_path: Path
-
-    def environment(self, endpoint_url: str | None = None) -> dict[str, str]:
-        return s3_environment(
-            endpoint_url or self.s3.endpoint_url, BUCKET, self.bucket.prefix.rstrip("/")
-        )
-
-    def data_dir(self, name: str) -> Path:
-        folder = self.tmp_path / f"data-{name}"
-        folder.mkdir(exist_ok=True)
-        return folder
-
-    def server(self, name: str, *, endpoint_url: str | None = None) -> LiveServer:
-        return LiveServer(
-            self.data_dir(name),
-            config=self.config,
-            database_url=self.database_url,
-            env=self.environment(endpoint_url),
-            log=self.tmp_path / f"instance-{name}.log",
-        )
-
-
-def write_config(path: Path, **sections: Any) -> Path:
-    path.write_text(yaml.safe_dump({"uploads": {"conversion_wait_seconds": 0.2}, **sections}))
-    return path
-
-
-@pytest.fixture
-def cluster(
-    s3_server: SeaweedFS, bucket: S3ObjectStore, postgres_url: str, tmp_path: Path
-) -> Cluster:
-    provision_server_user(tmp_path, database_url=postgres_url)
-    config = write_config(tmp_path / "config.yaml")
-    return Cluster(s3_server, bucket, postgres_url, config, tmp_path)
-
-
-@pytest.fixture
-def two(cluster: Cluster) -> Iterator[tuple[LiveServer, LiveServer]]:
-    """Instances A and B, each with its own empty data dir."""
-    a, b = cluster.server("a"), cluster.server("b")
-    try:
-        a.start()
-        b.start()
-        yield a, b
-    finally:
-        a.kill()
-        b.kill()
 
 
 # --- clients -----------------------------------------------------------------------------
@@ -152,22 +73,6 @@ def upload(server: LiveServer, thread_id: str, name: str, data: bytes) -> reques
         files={"files": (name, data)},
         headers=AUTH,
         timeout=120,
-    )
-
-
-def listing(server: LiveServer, thread_id: str) -> dict[str, dict]:
-    response = requests.get(
-        f"{server.url}/api/threads/{thread_id}/uploads/list", headers=AUTH, timeout=30
-    )
-    assert response.status_code == 200, response.text
-    return {f["filename"]: f for f in response.json()["files"]}
-
-
-def download(server: LiveServer, thread_id: str, name: str) -> requests.Response:
-    return requests.get(
-        f"{server.url}/api/threads/{thread_id}/artifacts/mnt/user-data/uploads/{name}",
-        headers=AUTH,
-        timeout=60,
     )
 
 
@@ -244,8 +149,8 @@ def sha256(data: bytes) -> str:
 
 
 def test_what_a_stores_b_lists_serves_converts_and_hands_to_the_agent(
-    two: tuple[LiveServer, LiveServer],
-    cluster: Cluster,
+    two: tuple[LiveServer, LiveServer],  # noqa: F811
+    cluster: Cluster,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -322,7 +227,7 @@ def test_what_a_stores_b_lists_serves_converts_and_hands_to_the_agent(
 
 
 def test_a_killed_mid_push_leaves_nothing_listed_and_the_sweep_aborts_its_upload(
-    cluster: Cluster,
+    cluster: Cluster,  # noqa: F811
 ) -> None:
     proxy = ThrottledProxy(cluster.s3.s3_port, SLOW_PUSH_RATE)
     a = cluster.server("a", endpoint_url=proxy.endpoint_url)  # pushes at 1 MiB/s
@@ -386,7 +291,7 @@ def test_a_killed_mid_push_leaves_nothing_listed_and_the_sweep_aborts_its_upload
 
 
 def test_a_client_cut_off_mid_body_leaves_no_upload_no_incoming_object_and_no_record(
-    cluster: Cluster,
+    cluster: Cluster,  # noqa: F811
 ) -> None:
     """The body streams into the bucket as it arrives; a client gone mid-body takes all of
     it back out: the multipart upload aborted, no incoming object, no staging file."""
@@ -414,7 +319,8 @@ def test_a_client_cut_off_mid_body_leaves_no_upload_no_incoming_object_and_no_re
 
 
 def test_with_the_bucket_down_the_same_processes_answer_503_then_serve_again(
-    two: tuple[LiveServer, LiveServer], cluster: Cluster
+    two: tuple[LiveServer, LiveServer],  # noqa: F811
+    cluster: Cluster,  # noqa: F811
 ) -> None:
     a, b = two
     kept = secrets.token_bytes(200_000)
@@ -462,7 +368,8 @@ def test_with_the_bucket_down_the_same_processes_answer_503_then_serve_again(
 
 
 def test_a_worker_with_its_own_data_dir_converts_what_the_web_instance_stored(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     config = write_config(
         tmp_path / "jobs-off.yaml",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import pytest
@@ -16,20 +15,18 @@ import requests
 from tusclient import client as tus_client
 
 from deerflow_web.storage.objects.s3 import S3ObjectStore
-from tests.helpers import AUTH_ON
-from tests.helpers import SERVER_TOKEN
 from tests.support.live_server import LiveServer
+from tests.support.s3_deployment import AUTH
+from tests.support.s3_deployment import bucket  # noqa: F401 - fixtures
+from tests.support.s3_deployment import cluster  # noqa: F401
+from tests.support.s3_deployment import download
+from tests.support.s3_deployment import listing
+from tests.support.s3_deployment import s3_server  # noqa: F401
+from tests.support.s3_deployment import two  # noqa: F401
 from tests.support.seaweedfs import SeaweedFS
-from tests.system.test_s3_instances import Cluster
-from tests.system.test_s3_instances import bucket  # noqa: F401 - fixtures
-from tests.system.test_s3_instances import cluster  # noqa: F401
-from tests.system.test_s3_instances import download
-from tests.system.test_s3_instances import listing
-from tests.system.test_s3_instances import s3_server  # noqa: F401
 
 pytestmark = pytest.mark.same_in_both_modes
 
-AUTH = {"Authorization": f"Bearer {SERVER_TOKEN}"} if AUTH_ON else {}
 MIB = 1024 * 1024
 
 
@@ -40,20 +37,8 @@ class KeptOpen(io.BytesIO):
         pass
 
 
-@pytest.fixture
-def two(cluster: Cluster) -> Iterator[tuple[LiveServer, LiveServer]]:  # noqa: F811
-    a, b = cluster.server("a"), cluster.server("b")
-    try:
-        a.start()
-        b.start()
-        yield a, b
-    finally:
-        a.kill()
-        b.kill()
-
-
 def test_tuspy_alternating_between_two_instances_chunk_by_chunk(
-    two: tuple[LiveServer, LiveServer],
+    two: tuple[LiveServer, LiveServer],  # noqa: F811
     bucket: S3ObjectStore,  # noqa: F811
     s3_server: SeaweedFS,  # noqa: F811
 ) -> None:
