@@ -331,12 +331,8 @@ class ResumableUploadService:
         staging = self._acquire(upload) if upload.committed_name is None else upload
         if staging is None:
             raise UploadBusy()
-        if isinstance(staging, ResumableUpload):  # committed: a retry of the last PATCH
-            if offset != staging.length:
-                raise OffsetMismatch(staging.length, offset)
-            if content_length:
-                raise PastUploadLength(staging.length)
-            return AppendOutcome(staging)
+        if isinstance(staging, ResumableUpload):  # committed
+            return self._retried_last_patch(staging, offset, content_length)
         try:
             upload = self._recover(upload, staging)
             if offset != upload.offset:
@@ -390,6 +386,24 @@ class ResumableUploadService:
     def is_live_staging(self, path: Path) -> bool:
         """Whether a staging file belongs to an upload still on record (start-up sweep)."""
         return self.store.has_staging(path)
+
+    @staticmethod
+    def _retried_last_patch(
+        committed: ResumableUpload, offset: int, content_length: int | None
+    ) -> AppendOutcome:
+        """A PATCH on an upload already committed can only be a retry of the last one (its
+        answer lost on the way): at the full length and without a body it is answered as
+        before; anything else is refused, never written.
+
+        Raises:
+            OffsetMismatch: `offset` is not the upload's length.
+            PastUploadLength: The retry brings bytes.
+        """
+        if offset != committed.length:
+            raise OffsetMismatch(committed.length, offset)
+        if content_length:
+            raise PastUploadLength(committed.length)
+        return AppendOutcome(committed)
 
     def _find(self, thread: Thread, upload_id: str) -> ResumableUpload:
         upload = self.store.get(upload_id) if UPLOAD_ID.fullmatch(upload_id) else None

@@ -140,12 +140,8 @@ class S3ResumableUploadService(ResumableUploadService):
         try:
             if owner is not None:
                 upload = self._find(thread, upload_id)  # as it stands under the lease
-            if upload.committed_name is not None:  # a retry of the last PATCH
-                if offset != upload.length:
-                    raise OffsetMismatch(upload.length, offset)
-                if content_length:
-                    raise PastUploadLength(upload.length)
-                return AppendOutcome(upload)
+            if upload.committed_name is not None:
+                return self._retried_last_patch(upload, offset, content_length)
             assert owner is not None
             if offset != upload.offset:
                 raise OffsetMismatch(upload.offset, offset)

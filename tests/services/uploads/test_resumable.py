@@ -246,14 +246,18 @@ def test_a_cut_off_chunk_keeps_what_arrived(service: ResumableUploadService) -> 
 
 
 def test_a_retry_of_the_last_chunk_after_the_commit_is_answered(
-    service: ResumableUploadService,
+    service: ResumableUploadService, base_dir: Path
 ) -> None:
     upload_id = start(service, 3, "a.bin")
     send(service, upload_id, 0, b"abc")
     again = service.append(REF, upload_id, offset=3, body=io.BytesIO(b""), content_length=0)
     assert again.upload.offset == 3
+    assert again.accepted is None  # answered, not committed twice
     with pytest.raises(OffsetMismatch):
         send(service, upload_id, 0, b"abc")
+    with pytest.raises(PastUploadLength):  # a "retry" that brings bytes
+        send(service, upload_id, 3, b"d")
+    assert (folder(base_dir) / "a.bin").read_bytes() == b"abc"
 
 
 def test_uploads_are_per_thread_and_per_user(service: ResumableUploadService) -> None:

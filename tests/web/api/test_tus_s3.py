@@ -169,6 +169,23 @@ def test_a_checksum_mismatch_on_b_rolls_back_to_where_a_left_it(
     only_the_blob(bucket, "t1", data)
 
 
+def test_a_retry_of_the_last_patch_on_b_is_answered_and_nothing_else_is_written(
+    instances: tuple[Instance, Instance],
+    bucket: S3ObjectStore,  # noqa: F811
+) -> None:
+    """The answer to A's last PATCH was lost: the client sends it again, to B."""
+    a, b = instances
+    data = os.urandom(200_000)
+    url = tus(a).start("t1", len(data), "once.bin")
+    assert patched(tus(a), url, 0, data) == len(data)
+    assert patched(tus(b), url, len(data), b"") == len(data)  # answered as before
+    assert tus(b).patch(url, len(data), b"more").status_code == 400  # past the length
+    assert tus(b).patch(url, 0, data).status_code == 409  # not where the upload stands
+    assert b.uploads.names("t1") == ["once.bin"]
+    served_equal(b, "t1", "once.bin", data)
+    only_the_blob(bucket, "t1", data)
+
+
 def test_delete_on_b_aborts_what_a_started(
     instances: tuple[Instance, Instance],
     bucket: S3ObjectStore,  # noqa: F811
