@@ -123,7 +123,8 @@ class AgentSettings:
 @dataclass(frozen=True)
 class ResumableSettings:
     """Resumable (tus) uploads: how long an unfinished one is kept, from which size the
-    file manager sends a file that way, and how many unfinished ones a user may hold."""
+    file manager sends a file that way, how many unfinished ones a user may hold, and (on
+    the S3 backend) how long a writer's lease on one lasts."""
 
     expiry_hours: float = 24.0
     threshold_bytes: int = 8 * 1024 * 1024
@@ -131,6 +132,12 @@ class ResumableSettings:
     # (20 uploads of the default 50 MiB file limit fit).
     max_pending: int = 20
     max_pending_bytes: int = 1024 * 1024 * 1024
+    # On the S3 backend a PATCH holds a lease on its upload's row, renewed as its bytes
+    # arrive: a writer killed mid-chunk blocks the upload (409) until it runs out. Shorter
+    # frees such an upload sooner, but it must stay well above the longest a live PATCH may
+    # take to bring one MiB and send one part to the bucket, or a slow client's lease can
+    # lapse under it and another request take the upload over.
+    lease_seconds: float = 120.0
 
     @classmethod
     def from_mapping(cls, uploads: Mapping[str, Any]) -> ResumableSettings:
@@ -144,6 +151,7 @@ class ResumableSettings:
             max_pending_bytes=positive_setting(
                 uploads, "resumable_max_pending_bytes", cls.max_pending_bytes
             ),
+            lease_seconds=positive_setting(uploads, "resumable_lease_seconds", cls.lease_seconds),
         )
 
 

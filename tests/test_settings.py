@@ -216,6 +216,29 @@ def test_a_bad_quota_default_falls_back_with_a_warning(
     assert "quotas.default_bytes" in caplog.text
 
 
+def test_the_tus_lease_is_two_minutes_unless_set(tmp_path: Path) -> None:
+    assert load_settings(environ={}, cwd=tmp_path).resumable.lease_seconds == 120.0
+    example = Path(__file__).resolve().parents[1] / "config.example.yaml"
+    assert load_settings(config_path=example, environ={}).resumable.lease_seconds == 120.0
+    write(tmp_path / "config.yaml", "uploads:\n  resumable_lease_seconds: 3\n")
+    assert load_settings(environ={}, cwd=tmp_path).resumable.lease_seconds == 3.0
+    write(tmp_path / "config.yaml", "uploads:\n  resumable_lease_seconds: '0.5'\n")
+    assert load_settings(environ={}, cwd=tmp_path).resumable.lease_seconds == 0.5
+
+
+@pytest.mark.parametrize("bad", ("0", "-3", "soon", "true", "[30]"))
+def test_a_bad_tus_lease_falls_back_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, bad: str
+) -> None:
+    write(tmp_path / "config.yaml", f"uploads:\n  resumable_lease_seconds: {bad}\n")
+    with caplog.at_level(logging.WARNING, logger="deerflow_web.models"):
+        settings = load_settings(environ={}, cwd=tmp_path)
+    assert settings.resumable.lease_seconds == 120.0
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("uploads.resumable_lease_seconds=")
+    assert warning.endswith("is not a positive number; using 120.0")
+
+
 def test_retention_is_off_unless_set(tmp_path: Path) -> None:
     assert load_settings(environ={}, cwd=tmp_path).retention.thread_days is None
     write(tmp_path / "config.yaml", "retention:\n  thread_days: 0\n")

@@ -11,7 +11,7 @@ On the S3 backend instances share no disk: the bytes go to the bucket as the par
 multipart upload, whose id and parts (`resumable_parts`) are rows here too, with the
 object holding the bytes after the last full part (the tail). The one writer is whoever
 holds the row's lease (`take_lease`: a compare-and-set UPDATE with an expiry, so a killed
-writer blocks the upload for `LEASE_SECONDS` at most).
+writer blocks the upload for `uploads.resumable_lease_seconds` at most).
 """
 
 from __future__ import annotations

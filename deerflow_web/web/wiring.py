@@ -133,6 +133,7 @@ class Services:
             expiry_hours=settings.resumable.expiry_hours,
             max_pending=settings.resumable.max_pending,
             max_pending_bytes=settings.resumable.max_pending_bytes,
+            lease_seconds=settings.resumable.lease_seconds,
         )
         # Each user's threads (SPEC 7.4, DeerFlow's /api/threads), in both modes.
         self.threads = ThreadCatalog(self.uploads, self.chat_previews)

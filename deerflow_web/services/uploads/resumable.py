@@ -565,8 +565,10 @@ def make_resumable_service(
     expiry_hours: float = 24.0,
     max_pending: int | None = None,
     max_pending_bytes: int | None = None,
+    lease_seconds: float = 120.0,
 ) -> ResumableUploadService:
-    """Build the service over the upload service's data dir and database."""
+    """Build the service over the upload service's data dir and database; `lease_seconds`
+    is the S3 flavour's writer lease (`uploads.resumable_lease_seconds`)."""
     store = DatabaseResumableStore(intake.uploads.records.engine)
     caps = PendingCaps(max_pending, max_pending_bytes)
     copies = intake.uploads.paths.copies
@@ -579,6 +581,7 @@ def make_resumable_service(
             store,
             copies,
             copies.store.part_uploads(),
+            lease_seconds=lease_seconds,
             expiry_seconds=expiry_hours * 3600,
             caps=caps,
         )

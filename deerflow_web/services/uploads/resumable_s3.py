@@ -59,8 +59,8 @@ from deerflow_web.storage.resumable import staging_name
 
 logger = logging.getLogger(__name__)
 
-LEASE_SECONDS = 120.0  # how long a killed writer blocks its upload at most
-_RENEW_AFTER = LEASE_SECONDS / 4
+# How long a killed writer blocks its upload at most (`uploads.resumable_lease_seconds`).
+DEFAULT_LEASE_SECONDS = 120.0
 _REFUSED_AT_COMMIT = (NameConflict, UnsafeFilename, InfectedFile, TooLargeToScan, QuotaExceeded)
 
 
@@ -89,7 +89,7 @@ class S3ResumableUploadService(ResumableUploadService):
         copies: WorkingCopies,
         parts: S3PartUploads,
         *,
-        lease_seconds: float = LEASE_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         **options: Any,
     ) -> None:
         super().__init__(intake, store, **options)
@@ -98,6 +98,7 @@ class S3ResumableUploadService(ResumableUploadService):
         self.parts = parts
         self.part_size = parts.store.part_size
         self.lease_seconds = lease_seconds
+        self._renew_after = lease_seconds / 4  # a few tries before it runs out
 
     # -- the protocol ----------------------------------------------------------------
 
@@ -312,7 +313,7 @@ class S3ResumableUploadService(ResumableUploadService):
                         digest.update(piece)
                     if running is not None:
                         running.digest.update(piece)
-                    if self._clock() - renewed > _RENEW_AFTER:
+                    if self._clock() - renewed > self._renew_after:
                         self._keep_lease(upload, owner)
                         renewed = self._clock()
                     while len(pending) >= self.part_size:

@@ -39,14 +39,21 @@ pytestmark = pytest.mark.same_in_both_modes
 MiB = 1024 * 1024
 
 
-@pytest.fixture
-def instances(on_s3: None, make_app: Any, tmp_path: Path) -> Iterator[tuple[Instance, Instance]]:  # noqa: F811
+def two_instances(
+    make_app: Any, tmp_path: Path, uploads: dict[str, Any] | None = None
+) -> tuple[Instance, Instance]:
+    """Instances A and B, each with a data dir of its own, configured with `uploads`."""
     made = []
     for name in ("a", "b"):
         base_dir = tmp_path / name
         base_dir.mkdir()
-        made.append(Instance(make_app(BASE_DIR=str(base_dir)), base_dir))
-    yield made[0], made[1]
+        made.append(Instance(make_app(uploads, BASE_DIR=str(base_dir)), base_dir))
+    return made[0], made[1]
+
+
+@pytest.fixture
+def instances(on_s3: None, make_app: Any, tmp_path: Path) -> Iterator[tuple[Instance, Instance]]:  # noqa: F811
+    yield two_instances(make_app, tmp_path)
 
 
 def tus(instance: Instance) -> TusActions:
@@ -271,18 +278,24 @@ def test_two_patches_at_once_on_two_instances_one_is_refused(
     only_the_blob(bucket, "t1", expected)
 
 
-def test_a_lease_held_by_a_dead_writer_runs_out(
-    instances: tuple[Instance, Instance],
+def test_a_lease_held_by_a_dead_writer_runs_out_after_the_configured_lease(
+    on_s3: None,  # noqa: F811
+    make_app: Any,
+    tmp_path: Path,
 ) -> None:
-    a, b = instances
+    a, b = two_instances(make_app, tmp_path, {"resumable_lease_seconds": 2})
+    resumable = services(a).resumable
+    assert resumable.lease_seconds == services(b).resumable.lease_seconds == 2.0
     url = tus(a).start("t1", 10, "late.bin")
-    upload_id = url.rsplit("/", 1)[-1]
-    store = services(a).resumable.s3_store
-    now = time.time()
-    assert store.take_lease(upload_id, "killed-writer", now, now + 120)
+    upload = resumable.store.get(url.rsplit("/", 1)[-1])
+    assert upload is not None
+    # A's writer takes the lease as a PATCH does, then dies without releasing it.
+    lapses_at = time.time() + resumable.lease_seconds
+    assert resumable._lease(upload) is not None
     assert tus(b).patch(url, 0, b"01234").status_code == 409  # held
     assert tus(b).head(url).status_code == 200  # reading needs no lease
-    assert store.take_lease(upload_id, "killed-writer", now - 200, now - 80)  # it lapsed
+    assert time.time() < lapses_at  # the 409 came while the lease was live
+    time.sleep(lapses_at - time.time() + 0.1)
     assert patched(tus(b), url, 0, b"0123456789") == 10
     served_equal(a, "t1", "late.bin", b"0123456789")
 
