@@ -458,6 +458,9 @@ class S3Settings:
     # bytes by evicting the threads used longest ago (storage/objects/eviction.py); 0:
     # unbounded.
     working_copy_max_bytes: int = 0
+    # Parts of one writer on their way to the bucket while it fills the next (parts of
+    # 8 MiB): more may keep a distant bucket busier, each holding 8 MiB more per upload.
+    parts_in_flight: int = 3
 
 
 @dataclass(frozen=True)
@@ -508,6 +511,12 @@ class StorageSettings:
                 },
                 "working_copy_max_bytes",
                 S3Settings.working_copy_max_bytes,
+                section_name="storage.s3",
+            ),
+            parts_in_flight=positive_setting(
+                {"parts_in_flight": value(s3, "parts_in_flight", "S3_PARTS_IN_FLIGHT")},
+                "parts_in_flight",
+                S3Settings.parts_in_flight,
                 section_name="storage.s3",
             ),
         )

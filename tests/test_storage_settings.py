@@ -157,6 +157,31 @@ def test_a_working_copy_size_that_is_not_positive_leaves_it_unbounded(
     assert "storage.s3.working_copy_max_bytes" in caplog.text
 
 
+def test_three_parts_are_in_flight_unless_set(tmp_path: Path) -> None:
+    storage = settings_from(tmp_path, S3_CONFIG)
+    assert storage.s3.parts_in_flight == 3
+    assert make_object_store(storage, tmp_path).parts_in_flight == 3
+    configured = S3_CONFIG + "    parts_in_flight: 1\n"
+    assert settings_from(tmp_path, configured).s3.parts_in_flight == 1
+    environ = {"DEER_FLOW_STORAGE_S3_PARTS_IN_FLIGHT": "6"}
+    storage = settings_from(tmp_path, configured, environ)
+    assert storage.s3.parts_in_flight == 6
+    assert make_object_store(storage, tmp_path).parts_in_flight == 6  # the store is given it
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "many", "true", "'2.5'"])
+def test_parts_in_flight_below_one_or_not_a_count_keep_the_default(
+    tmp_path: Path, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    configured = S3_CONFIG + f"    parts_in_flight: {bad}\n"
+    assert settings_from(tmp_path, configured).s3.parts_in_flight == 3
+    assert "storage.s3.parts_in_flight" in caplog.text
+    caplog.clear()
+    environ = {"DEER_FLOW_STORAGE_S3_PARTS_IN_FLIGHT": bad.strip("'")}
+    assert settings_from(tmp_path, S3_CONFIG, environ).s3.parts_in_flight == 3
+    assert "storage.s3.parts_in_flight" in caplog.text
+
+
 def test_the_agent_side_reads_the_records_of_the_apps_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database_url: str
 ) -> None:

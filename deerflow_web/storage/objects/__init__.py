@@ -51,6 +51,7 @@ def make_object_store(storage: StorageSettings, base_dir: str | os.PathLike[str]
             endpoint_url=storage.s3.endpoint_url,
             region=storage.s3.region,
             prefix=storage.s3.prefix,
+            parts_in_flight=storage.s3.parts_in_flight,
         )
     from deerflow_web.storage.objects.disk import DiskObjectStore
 

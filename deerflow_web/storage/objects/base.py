@@ -12,7 +12,7 @@ a store only keeps bytes. Its guarantees are the ones the upload service builds 
 - **The sha256 is of the bytes written.** A writer hashes as it writes; the S3 backend
   also has the server check each request's SHA-256, so what is stored is what was hashed.
 - **Streaming, bounded memory.** A writer holds the part it fills and the few it has on
-  their way (the S3 store's `parts_in_flight`, 3 of 8 MiB by default); readers yield
+  their way (`storage.s3.parts_in_flight`, 3 of 8 MiB by default); readers yield
   chunks.
 
 Listing (`list_keys`) is for sweeps and migration only: what a user sees is listed from
