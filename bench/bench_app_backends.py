@@ -23,9 +23,8 @@ Each round, the order of the backends alternating:
   the push of the staged bytes to the bucket, then the commit), with the server's and
   SeaweedFS's CPU seconds in each part;
 - a 100 MiB upload (not timed) into a new thread, then two downloads of it. Local: both
-  from the instance that stored it. S3: both from B, the first while B's working copy
-  lacks the file (it is fetched from the bucket, its SHA-256 checked, then sent), the
-  second from B's copy;
+  from the instance that stored it. S3: both from B, whose working copy lacks the file:
+  each streams from the bucket as it arrives (nothing is fetched into B's copy);
 - GETs of the list of a thread of 1,000 files (filled through the API before the first
   round), each on a new connection: median and p99; on s3 on A and on B.
 
@@ -391,7 +390,7 @@ def report(backends: list[Backend], plan: Plan, rounds: int) -> list[tuple[str, 
         print(f"{label:<50} {cells[0]:>9} {cells[1]:>9} {ratio:>9}{spread}")
     print(
         "\nlocal: both downloads from the instance that stored the file; s3: both from the "
-        "second instance,\nthe first fetching the file from the bucket into its working copy. "
+        "second instance,\nwhose working copy lacks the file: each streamed from the bucket. "
         f"{plan.lists} list GETs per instance per round."
     )
     upload_ratio = statistics.median(ratios("upload_mibs"))

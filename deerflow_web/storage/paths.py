@@ -211,6 +211,19 @@ STAGING_PREFIX = ".upload-"
 STAGING_SUFFIX = ".part"
 
 
+def _user_data_relative(virtual_path: str) -> str:
+    """The part of a virtual path below /mnt/user-data (unchecked beyond that).
+
+    Raises:
+        ArtifactPrefixError: Not under /mnt/user-data.
+    """
+    stripped = virtual_path.lstrip("/")
+    prefix = VIRTUAL_PATH_PREFIX.lstrip("/")
+    if stripped != prefix and not stripped.startswith(prefix + "/"):
+        raise ArtifactPrefixError()
+    return stripped[len(prefix) :].lstrip("/")
+
+
 def _is_one_name(relative: str) -> bool:
     """Whether a path inside an area is one plain name (a file of the area itself)."""
     return relative not in ("", ".", "..") and "/" not in relative
@@ -509,6 +522,12 @@ class ThreadFolders:
         """The thread's uploads folder, checked (not created)."""
         return self.area_dir(Area.UPLOADS)
 
+    def uploads_area(self) -> Path:
+        """The uploads folder, checked as `uploads_dir` checks it but, on the S3 backend,
+        not brought up to date: for a caller that reads one named file of it, fetched (or
+        streamed from the bucket) on its own."""
+        return self._area_checked(Area.UPLOADS)
+
     def holds_upload(self, path: Path) -> bool:
         """Whether `path` (resolved) names a file directly in the uploads folder. Only a
         comparison: the folder is neither read nor, on the S3 backend, brought up to
@@ -584,16 +603,12 @@ class ThreadFolders:
             PathTraversal: `..` or a link inside that leads out of user-data.
             UnsafeFolder: A linked area, even one that stays inside.
         """
-        stripped = virtual_path.lstrip("/")
-        prefix = VIRTUAL_PATH_PREFIX.lstrip("/")
-        if stripped != prefix and not stripped.startswith(prefix + "/"):
-            raise ArtifactPrefixError()
-        relative = stripped[len(prefix) :].lstrip("/")
+        relative = _user_data_relative(virtual_path)
         area, _, rest = relative.partition("/")
         if area == Area.UPLOADS.value and not self._hydrated and _is_one_name(rest):
             # One upload (a download, a preview): on the S3 backend only that file is
             # fetched, not every file of the thread the folder lacks.
-            self._area_checked(Area.UPLOADS)  # a linked area is refused all the same
+            self.uploads_area()  # a linked area is refused all the same
             copies = self.paths.copies
             assert copies is not None
             copies.hydrate_file(self, rest)
@@ -602,6 +617,18 @@ class ThreadFolders:
         elif not self._hydrated:
             self.area_dir(Area.UPLOADS)  # the root: a listing shows it, a search reaches in
         return self._inside(self.user_data_dir(), relative)
+
+    @staticmethod
+    def upload_named(virtual_path: str) -> str | None:
+        """The name when `virtual_path` is one file of uploads/ itself
+        (`/mnt/user-data/uploads/<name>`), else None (another area, a folder, a path
+        through an archive).
+
+        Raises:
+            ArtifactPrefixError: Not under /mnt/user-data.
+        """
+        area, _, rest = _user_data_relative(virtual_path).partition("/")
+        return rest if area == Area.UPLOADS.value and _is_one_name(rest) else None
 
     def split_archive_path(self, resolved: Path) -> tuple[Path, str] | None:
         """(archive, member path) when a resolved virtual path runs through an archive.

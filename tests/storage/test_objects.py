@@ -9,6 +9,7 @@ SIGKILL mid-upload, and the S3 server is stopped and started again under a live 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from deerflow_web.models import Area
 from deerflow_web.storage.objects import ObjectStore
 from deerflow_web.storage.objects import area_key
 from deerflow_web.storage.objects import sweep_stale_uploads
+from deerflow_web.storage.objects.base import ObjectFile
 from deerflow_web.storage.objects.disk import DiskObjectStore
 from deerflow_web.storage.objects.keys import blob_key
 from deerflow_web.storage.objects.keys import incoming_key
@@ -555,3 +557,49 @@ def test_adopting_a_vanished_upload_is_a_storage_failure(store: ObjectStore) -> 
 def test_an_incoming_name_is_one_plain_segment(name: str) -> None:
     with pytest.raises(InvalidObjectKey):
         incoming_key(SCOPE, name)
+
+
+# -- an object as a file ----------------------------------------------------------------
+
+
+def test_an_object_as_a_file_reads_seeks_and_opens_nothing_before_the_first_read(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = os.urandom(3 * 1024 * 1024 + 17)  # more than one of the store's chunks
+    write(store, "t/blob", body)
+    opened: list[int] = []
+    open_read = store.open_read
+
+    def recording(key: str, start: int = 0, length: int | None = None):  # noqa: ANN202
+        opened.append(start)
+        return open_read(key, start, length)
+
+    monkeypatch.setattr(store, "open_read", recording)
+    with ObjectFile(store, "t/blob", len(body)) as file:
+        assert (file.readable(), file.seekable(), file.tell()) == (True, True, 0)
+        with pytest.raises(io.UnsupportedOperation):
+            file.fileno()  # no kernel sendfile is tried on it
+        assert opened == []
+        assert file.read(10) == body[:10]
+        assert file.read(5) == body[10:15]  # from the chunk on hand
+        assert opened == [0]
+        assert file.seek(2 * 1024 * 1024 + 3) == 2 * 1024 * 1024 + 3
+        assert file.read(100) == body[2 * 1024 * 1024 + 3 : 2 * 1024 * 1024 + 103]
+        assert opened == [0, 2 * 1024 * 1024 + 3]  # a seek elsewhere is a ranged read
+        file.seek(-7, io.SEEK_END)
+        buffer = bytearray(32)
+        assert file.readinto(buffer) == 7
+        assert bytes(buffer[:7]) == body[-7:]
+        assert file.read(10) == b""  # the end
+        file.seek(0)
+        assert file.read() == body
+        with pytest.raises(ValueError, match="negative"):
+            file.seek(-1)
+    assert file.closed
+
+
+def test_an_object_file_of_a_missing_key_fails_at_the_first_read(store: ObjectStore) -> None:
+    file = ObjectFile(store, "t/never-written", 10)
+    with pytest.raises(ObjectNotFound):
+        file.read(1)
+    file.close()

@@ -171,6 +171,15 @@ def test_what_a_stores_b_lists_serves_converts_and_hands_to_the_agent(
         served = download(b, "S", name)
         assert served.status_code == 200
         assert sha256(served.content) == sha256(body)
+    # Streamed from the bucket by B's gunicorn, a range of it fetched alone.
+    ranged = requests.get(
+        f"{b.url}/api/threads/S/artifacts/mnt/user-data/uploads/large.bin",
+        headers={**AUTH, "Range": "bytes=9000000-9000099"},
+        timeout=60,
+    )
+    assert ranged.status_code == 206
+    assert ranged.content == large[9_000_000:9_000_100]
+    assert not uploads_dir(b.base_dir, "S").exists()
     assert not list(cluster.bucket.list_stale_uploads())  # every push finished
 
     docx = make_docx(tmp_path / "report.docx", title="Shared Report")
@@ -189,7 +198,8 @@ def test_what_a_stores_b_lists_serves_converts_and_hands_to_the_agent(
     for key, value in b.environment().items():
         if key.startswith(("DEER_FLOW_", "AWS_")) or key == "DATABASE_URL":
             monkeypatch.setenv(key, value)
-    (uploads_dir(b.base_dir, "S") / "report.md").unlink()  # the agent must fetch it again
+    # The download streamed from the bucket: the agent must fetch the companion itself.
+    assert not (uploads_dir(b.base_dir, "S") / "report.md").exists()
     model = RecordingToolModel(
         messages=iter(
             [
@@ -401,11 +411,12 @@ def test_a_worker_with_its_own_data_dir_converts_what_the_web_instance_stored(
         assert "# Worker Plan" in companion.text
         assert "Revenue grew in every region." in companion.text
         # The worker fetched the original into its own data dir and wrote the companion
-        # there; the web instance served it from the bucket.
+        # there; the web instance streamed it from the bucket, fetching nothing.
         assert (uploads_dir(worker.base_dir, "W") / "plan.docx").read_bytes() == docx.read_bytes()
-        assert (uploads_dir(web.base_dir, "W") / "plan.md").read_text(
+        assert (uploads_dir(worker.base_dir, "W") / "plan.md").read_text(
             encoding="utf-8"
         ) == companion.text
+        assert not (uploads_dir(web.base_dir, "W") / "plan.md").exists()
         assert worker.stop() == 0
     finally:
         worker.kill()

@@ -22,9 +22,11 @@ from urllib.parse import quote
 
 from deerflow_web.errors import ArtifactNotFound
 from deerflow_web.errors import NotAFile
+from deerflow_web.models import UploadRecord
 from deerflow_web.storage.paths import ThreadFolders
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.sniff import is_binary_file
+from deerflow_web.storage.sniff import is_binary_head
 
 PLAIN_TEXT = "text/plain"
 # Text formats that are data, never documents: shown inline with their own type.
@@ -143,6 +145,9 @@ class Artifact:
     active: bool
     size: int
     presentation: Presentation | None = None
+    # On the S3 backend, an upload this instance's copy lacks: its record, whose bytes the
+    # bucket streams (`path` is where the copy would be, and is not read).
+    in_bucket: UploadRecord | None = None
 
     def as_attachment(self, download: bool) -> bool:
         """Only the passive allow-list is ever shown inline, whatever the client asks."""
@@ -159,11 +164,14 @@ class Artifact:
         return self.content_type
 
 
-def classify(path: Path, name: str | None = None) -> tuple[str, bool, Presentation | None]:
+def classify(
+    path: Path, name: str | None = None, *, is_binary: Callable[[], bool] | None = None
+) -> tuple[str, bool, Presentation | None]:
     """The file's content type, whether it is markup, and how it may be shown inline.
 
     `name`: the name it is shown under, when the bytes are stored under another one (a
-    version's file is named by its id)."""
+    version's file is named by its id). `is_binary`: how to tell binary from text when
+    the bytes are not at `path` (an upload read from the bucket)."""
     named = Path(name) if name is not None else path
     guessed = TEXT_TYPE_BY_SUFFIX.get(named.suffix.lower())
     if guessed is None:
@@ -171,7 +179,7 @@ def classify(path: Path, name: str | None = None) -> tuple[str, bool, Presentati
     active = is_markup(guessed, named.suffix)
     if guessed and guessed.startswith("text/"):
         content_type, text = guessed, True
-    elif not _is_binary(path):
+    elif not (is_binary() if is_binary is not None else _is_binary(path)):
         content_type, text = guessed or PLAIN_TEXT, True
     else:
         content_type, text = guessed or "application/octet-stream", False
@@ -228,3 +236,12 @@ def resolve_artifact(
         raise ArtifactNotFound(shown)
     content_type, active, presentation = classify(actual)
     return Artifact(actual, actual.name, content_type, active, actual.stat().st_size, presentation)
+
+
+def bucket_artifact(path: Path, record: UploadRecord, head: Callable[[], bytes]) -> Artifact:
+    """An upload served from the bucket (`Artifact.in_bucket`), classified as the file at
+    `path` would be: `head` gives its first bytes when its name leaves text or binary open."""
+    content_type, active, presentation = classify(
+        path, record.filename, is_binary=lambda: is_binary_head(head())
+    )
+    return Artifact(path, record.filename, content_type, active, record.size, presentation, record)

@@ -31,6 +31,7 @@ from deerflow_web.storage.paths import Thread
 from deerflow_web.storage.records import StoredRecord
 
 if TYPE_CHECKING:
+    from deerflow_web.services.files.artifacts import Artifact
     from deerflow_web.services.uploads.service import UploadService
 
 
@@ -90,6 +91,24 @@ def open_checked(uploads: UploadService, thread: Thread, path: Path) -> CheckedF
     except BaseException:
         handle.close()
         raise
+
+
+def open_artifact(uploads: UploadService, thread: Thread, artifact: Artifact) -> CheckedFile:
+    """Open a resolved artifact to send it: the file here (`open_checked`) or, for an
+    upload streamed from the bucket (`Artifact.in_bucket`), its blob, described by its
+    record as a file fetched here would be (same size, mtime and ETag).
+
+    Raises:
+        OSError: The file is gone or cannot be opened.
+    """
+    record = artifact.in_bucket
+    if record is None:
+        return open_checked(uploads, thread, artifact.path)
+    copies = uploads.paths.copies
+    assert copies is not None  # only the S3 backend makes such artifacts
+    mtime_ns = round(record.modified * 1e9)  # Last-Modified is in whole seconds
+    blob = copies.open_blob(uploads.folders(thread).scope, record)
+    return CheckedFile(blob, FileFacts(record.size, mtime_ns, 0, 0), record)
 
 
 def checked_upload(uploads: UploadService, thread: Thread, filename: str) -> UploadRecord | None:

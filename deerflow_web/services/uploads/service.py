@@ -23,6 +23,7 @@ from dataclasses import field
 from dataclasses import replace
 from pathlib import Path
 from pathlib import PurePosixPath
+from typing import BinaryIO
 from typing import Protocol
 
 from sqlalchemy import Engine
@@ -50,6 +51,7 @@ from deerflow_web.models import ThreadRef
 from deerflow_web.models import UploadLimits
 from deerflow_web.models import UploadRecord
 from deerflow_web.services.files.artifacts import Artifact
+from deerflow_web.services.files.artifacts import bucket_artifact
 from deerflow_web.services.files.artifacts import resolve_artifact
 from deerflow_web.services.quotas.policy import QuotaPolicy
 from deerflow_web.settings import StorageSettings
@@ -80,6 +82,7 @@ from deerflow_web.storage.records import DatabaseUploadRecords
 from deerflow_web.storage.records import RecordsTransaction
 from deerflow_web.storage.records import StoredRecord
 from deerflow_web.storage.records import UploadRecords
+from deerflow_web.storage.sniff import SNIFF_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -260,10 +263,12 @@ class _UploadBatch:
         make_dirs: Callable[[Path], list[Path]],
         scanner: ContentScanner | None = None,
         incoming: Callable[[], IncomingCopy | None] | None = None,
+        settle: Callable[[str], None] | None = None,
     ) -> None:
         self.folder = folder
         self.scanner = scanner
         self._open_incoming = incoming
+        self._settle = settle
         self._make_dirs = make_dirs
         self.limits = limits
         self.on_conflict = on_conflict
@@ -319,11 +324,14 @@ class _UploadBatch:
 
         Decided before the body streams, so a conflict is refused without reading it; the
         commit decides again under the records lock, where the answer holds
-        (`UploadService._commit`).
+        (`UploadService._commit`). On the S3 backend the name's file here is first made
+        to match its record (`settle`), rather than the whole folder.
 
         Raises:
             NameConflict: `reject` and the name is taken.
         """
+        if self._settle is not None:
+            self._settle(name)
         exists = os.path.lexists
         if self.on_conflict is OnConflict.REJECT and exists(self.folder / name):
             raise NameConflict(name)
@@ -508,12 +516,13 @@ class UploadService:
         folders = self.folders(thread)
         copies = self.paths.copies
         batch = _UploadBatch(
-            folders.uploads_dir(),
+            folders.uploads_area(),
             self.limits,
             OnConflict(on_conflict),
             folders.make_dirs,
             self.scanner,
             (lambda: copies.open_incoming(folders.scope)) if copies is not None else None,
+            self._settle_name(folders, OnConflict(on_conflict)),
         )
         try:
             for incoming in files:
@@ -558,7 +567,11 @@ class UploadService:
         """
         folders = self.folders(thread)
         batch = _UploadBatch(
-            folders.uploads_dir(), self.limits, OnConflict(on_conflict), folders.make_dirs
+            folders.uploads_area(),
+            self.limits,
+            OnConflict(on_conflict),
+            folders.make_dirs,
+            settle=self._settle_name(folders, OnConflict(on_conflict)),
         )
         if not batch.adopt(name, staging, sha256, content_type):
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
@@ -571,6 +584,21 @@ class UploadService:
         if not saved:
             raise UnsafeFilename(f"{name} cannot be stored: a link or a folder has that name")
         return UploadResult(saved, [])
+
+    def _settle_name(
+        self, folders: ThreadFolders, on_conflict: OnConflict
+    ) -> Callable[[str], None] | None:
+        """On the S3 backend, what an upload does before it claims a name: that name's file
+        here made to match its record (gone if another instance deleted it; fetched when
+        a replace is to keep those bytes as a version), so the conflict rule and the
+        versions see the records. Only the names the upload touches: a thread of
+        thousands of files is not fetched to add one. None on local disk, where the
+        folder is the truth."""
+        copies = self.paths.copies
+        if copies is None:
+            return None
+        fetch = on_conflict is OnConflict.REPLACE
+        return lambda name: copies.hydrate_file(folders, name, fetch=fetch)
 
     def collect_garbage(self, scope: str) -> None:
         """After bytes were let go for good (a delete, an expiry, a version thinned out):
@@ -829,17 +857,37 @@ class UploadService:
         copies = self.paths.copies
         if copies is None or not copies.presigned_downloads:
             return None
-        relative = virtual_path.strip("/").split("/")
-        if len(relative) != 4 or relative[:3] != ["mnt", "user-data", Area.UPLOADS.value]:
+        name = ThreadFolders.upload_named(virtual_path)
+        if name is None:
             return None
         folders = self.folders(thread)
-        stored = self.records.get(folders.scope, relative[3])
+        stored = self.records.get(folders.scope, name)
         return None if stored is None else copies.download_url(folders.scope, stored.record)
 
-    def resolve_artifact(self, thread: Thread, virtual_path: str) -> Artifact:
+    def resolve_artifact(
+        self, thread: Thread, virtual_path: str, *, from_bucket: bool = False
+    ) -> Artifact:
         """A file of the thread's user-data to send, hard links in uploads/ served only when
-        the listing includes them (see `resolve_artifact`)."""
+        the listing includes them (see `resolve_artifact`).
+
+        `from_bucket`: the caller only sends the bytes (a download). On the S3 backend an
+        upload this instance's copy lacks is then streamed from the bucket
+        (`Artifact.in_bucket`, opened by `freshness.open_artifact`) instead of fetched
+        here first: the first byte leaves when the bucket sends it, and a `Range` request
+        fetches its range alone.
+        """
         folders = self.folders(thread)
+        copies = self.paths.copies
+        if from_bucket and copies is not None:
+            name = folders.upload_named(virtual_path)
+            stored = None if name is None else copies.lacks(folders, name)
+            if stored is not None:
+                blob = copies.open_blob(folders.scope, stored.record)
+                return bucket_artifact(
+                    folders.area_location(Area.UPLOADS) / stored.record.filename,
+                    stored.record,
+                    lambda: _first_bytes(blob),
+                )
         return resolve_artifact(
             folders,
             virtual_path,
@@ -1095,6 +1143,12 @@ def all_or_nothing(
         commit.undo()
         raise
     commit.forget_backups()
+
+
+def _first_bytes(blob: BinaryIO) -> bytes:
+    """What a sniff reads of a file, and the file closed."""
+    with blob:
+        return blob.read(SNIFF_BYTES)
 
 
 def _size_on_disk(path: Path) -> int:

@@ -21,6 +21,7 @@ the records, never from the bucket.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from collections.abc import Collection
 from collections.abc import Iterator
@@ -193,3 +194,86 @@ def sweep_stale_uploads(
     for upload in stale:
         store.abort_stale_upload(upload)
     return len(stale)
+
+
+class ObjectFile(io.RawIOBase):
+    """One stored object as a read-only, seekable file: what `send_file` and werkzeug's
+    `Range` handling expect, so an object is served exactly as a file on disk is.
+
+    Nothing is fetched until the first read; a read after a `seek` elsewhere opens the
+    object at that offset (on S3, a ranged GET), so a `Range` request sends only its bytes.
+    `fileno` is unsupported, so no server tries a kernel `sendfile` on it.
+    """
+
+    def __init__(self, store: ObjectStore, key: str, size: int) -> None:
+        super().__init__()
+        self.store = store
+        self.key = key
+        self.size = size
+        self._position = 0
+        self._stream: ObjectStream | None = None
+        self._chunks: Iterator[bytes] | None = None
+        self._pending = memoryview(b"")  # what the last chunk holds beyond the last read
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self.size}[whence]
+        position = base + offset
+        if position < 0:
+            raise ValueError("negative seek position")
+        if position != self._position:
+            self._drop_stream()
+            self._position = position
+        return position
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        target = memoryview(buffer).cast("B")
+        piece = self._take(len(target))
+        target[: len(piece)] = piece
+        return len(piece)
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to `size` bytes (all the rest when negative), cut from the chunk on hand."""
+        if size is None or size < 0:
+            return b"".join(iter(lambda: self.read(READ_CHUNK), b""))
+        return bytes(self._take(size))
+
+    def open_now(self) -> None:
+        """Start fetching from the current position, so that a store out of reach fails
+        here (a response's 503) rather than at the first read, once headers are sent.
+
+        Raises:
+            ObjectNotFound, ObjectStoreUnavailable: As `ObjectStore.open_read`.
+        """
+        if self._chunks is None and self._position < self.size:
+            self._stream = self.store.open_read(self.key, self._position)
+            self._chunks = iter(self._stream)
+
+    def _take(self, size: int) -> memoryview:
+        """Up to `size` bytes from the current position; empty at the end."""
+        if size <= 0 or self._position >= self.size:
+            return memoryview(b"")
+        if not self._pending:
+            self.open_now()
+            assert self._chunks is not None
+            self._pending = memoryview(next(self._chunks, b""))
+        piece, self._pending = self._pending[:size], self._pending[size:]
+        self._position += len(piece)
+        return piece
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        self._stream, self._chunks, self._pending = None, None, memoryview(b"")
+
+    def close(self) -> None:
+        self._drop_stream()
+        super().close()

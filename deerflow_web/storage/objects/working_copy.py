@@ -3,9 +3,11 @@
 With the S3 backend several instances on different machines share one database and one
 bucket, and nothing else: each has its own data dir, empty at first. The bucket holds the
 bytes of every upload the records name, and the records stay the source of truth (what a
-thread holds, each file's SHA-256). Everything that reads a file (downloads, previews, the
-agent's tools, conversion, scans, archives, zip downloads) keeps reading the thread's
-folders in the data dir; this module keeps those folders true to the records:
+thread holds, each file's SHA-256). Everything that reads a file (previews, the agent's
+tools, conversion, scans, archives, zip downloads) keeps reading the thread's folders in the
+data dir; this module keeps those folders true to the records. A download of an upload this
+copy lacks is the exception: it only sends bytes, so it streams them from the bucket
+(`lacks`, `open_blob`) and fetches nothing.
 
 - **No record without its bytes in the bucket.** Every record write pushes the file it
   describes to the bucket first, in the write's own transaction (`push_written`, called by
@@ -21,7 +23,8 @@ folders in the data dir; this module keeps those folders true to the records:
   the trash keeps are already there. A blob no record or history row names any more is
   removed by `collect_garbage`, under the thread's lock, after every delete for good.
 - **A thread's folder is made to match its records before it is read** (`hydrate`, once
-  per request or tool call, by `ThreadFolders`): a file missing here, or older than its
+  per request or tool call, by `ThreadFolders`; `hydrate_file` for a caller that reads one
+  file, or an upload settling the names it writes): a file missing here, or older than its
   record, is fetched from the bucket to a staging name, its SHA-256 checked against the
   record, and renamed into place under the thread's lock only if the record still names
   those bytes; a file the records no longer name (deleted or renamed on another instance)
@@ -59,6 +62,7 @@ from deerflow_web.storage.history import remove_quietly
 from deerflow_web.storage.history import trashed_in
 from deerflow_web.storage.history import versions_in
 from deerflow_web.storage.objects.base import READ_CHUNK
+from deerflow_web.storage.objects.base import ObjectFile
 from deerflow_web.storage.objects.base import ObjectStore
 from deerflow_web.storage.objects.eviction import mark_used
 from deerflow_web.storage.objects.keys import blob_key
@@ -229,11 +233,13 @@ class WorkingCopies:
                 staging.unlink(missing_ok=True)
         folders.forget_records()
 
-    def hydrate_file(self, folders: ThreadFolders, name: str) -> None:
+    def hydrate_file(self, folders: ThreadFolders, name: str, *, fetch: bool = True) -> None:
         """Bring one upload of the thread up to date with its record, leaving the rest of
-        the folder as it is: what serving that one file needs (a download, a `Range`
-        request, a preview), without fetching every file of the thread this copy lacks.
-        Fetched and checked as `hydrate` does; a file the records no longer name goes.
+        the folder as it is: what reading that one file needs (a preview, a zip, the
+        agent), without fetching every file of the thread this copy lacks. Fetched and
+        checked as `hydrate` does; a file the records no longer name goes. Without
+        `fetch`, only that: a caller that needs the name free of a file deleted elsewhere
+        but not the bytes (an upload that will not replace them).
 
         Raises:
             ObjectStoreUnavailable, StorageFailure: As `hydrate`.
@@ -256,7 +262,9 @@ class WorkingCopies:
                     if txn.get(name) is None:  # deleted or renamed on another instance
                         path.unlink(missing_ok=True)
             return
-        if info is not None and stat.S_ISREG(info.st_mode) and _is_current(info, wanted):
+        if not fetch or (
+            info is not None and stat.S_ISREG(info.st_mode) and _is_current(info, wanted)
+        ):
             return
         folders.make_dirs(folder)
         staging = self._fetch(scope, wanted.record.sha256, folder, name, wanted.mtime_ns)
@@ -267,6 +275,29 @@ class WorkingCopies:
                     os.replace(staging, path)
         finally:
             staging.unlink(missing_ok=True)
+
+    def lacks(self, folders: ThreadFolders, name: str) -> StoredRecord | None:
+        """The record of an upload of the thread this copy does not hold as recorded
+        (missing, or older than its record): a download of it streams from the bucket
+        (`open_blob`) instead of fetching it here first. None when the copy here is
+        current, or the thread has no such upload (the caller then reads the folder,
+        which says so)."""
+        if is_staging_name(name):
+            return None
+        folders.uploads_area()  # a linked uploads/ is refused as for any read
+        wanted = self._records().get(folders.scope, name)
+        if wanted is None:
+            return None
+        path = folders.area_location(Area.UPLOADS) / name
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return wanted
+        return None if stat.S_ISREG(info.st_mode) and _is_current(info, wanted) else wanted
+
+    def open_blob(self, scope: str, record: UploadRecord) -> ObjectFile:
+        """The bucket's bytes of an upload as a seekable file, fetched as it is read."""
+        return ObjectFile(self.store, blob_key(scope, record.sha256), record.size)
 
     def hydrate_history(self, folders: ThreadFolders, kind: str, folder: Path) -> None:
         """Make the thread's versions or trash folder hold what its history rows say: the

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from urllib.parse import quote
 
 from flask import Blueprint
 from flask import Response
 from flask import request
-from flask import send_file
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
@@ -21,15 +19,14 @@ from deerflow_web.models import OnConflict
 from deerflow_web.services.files.artifact_edit import MAX_EDITABLE_BYTES
 from deerflow_web.services.files.artifact_edit import edit_artifact
 from deerflow_web.services.files.artifact_edit import parse_edit
-from deerflow_web.services.files.freshness import open_checked
 from deerflow_web.services.uploads.info import UploadInfoFormatter
 from deerflow_web.settings import parse_flag
 from deerflow_web.web.api import history as history_api
 from deerflow_web.web.api import threads as threads_api
 from deerflow_web.web.api import tus
 from deerflow_web.web.marks import thread_may_be_new
-from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.thread_access import current_thread
+from deerflow_web.web.transport.send import send_artifact
 from deerflow_web.web.transport.uploads import receive_uploads
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
@@ -178,39 +175,13 @@ def get_artifact(virtual_path: str) -> ResponseReturnValue:
     if download and (url := uploads.presigned_download(thread, virtual_path)) is not None:
         # The bucket serves it; who may have it was checked. No body: nothing to render.
         return Response(status=302, headers={"Location": url})
-    artifact = uploads.resolve_artifact(thread, virtual_path)
+    artifact = uploads.resolve_artifact(thread, virtual_path, from_bucket=True)
     if (refusal := _refuse_range(artifact.size)) is not None:
         return refusal
-    attachment = artifact.as_attachment(download)
     try:  # the bytes sent are those of this open file, its ETag checked against them
-        checked = open_checked(uploads, thread, artifact.path)
+        return send_artifact(uploads, thread, artifact, attachment=artifact.as_attachment(download))
     except OSError:
         raise ArtifactNotFound(virtual_path.lstrip("/")) from None
-    response = send_file(
-        checked.file,
-        mimetype=artifact.response_type(attachment),
-        conditional=False,  # below, with the size of the open file
-        as_attachment=attachment,
-        download_name=quote(artifact.name, safe=""),  # replaced below; a name may hold CR or LF
-        etag=checked.etag,
-        last_modified=checked.facts.mtime_ns / 1e9,
-    )
-    response.content_length = checked.facts.size
-    try:
-        response = response.make_conditional(
-            request, accept_ranges=True, complete_length=checked.facts.size
-        )
-    except RequestedRangeNotSatisfiable:
-        checked.file.close()
-        raise
-    kind = "attachment" if attachment else "inline"
-    response.headers["Content-Disposition"] = (
-        f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"
-    )
-    response.headers["Content-Security-Policy"] = artifact_csp(
-        None if attachment else artifact.presentation
-    )
-    return response
 
 
 @bp.put("/threads/<thread_id>/artifacts/<vpath:virtual_path>")

@@ -11,7 +11,6 @@ download, never through a link on disk.
 from __future__ import annotations
 
 import hmac
-from urllib.parse import quote
 
 from flask import Blueprint
 from flask import Response
@@ -21,7 +20,6 @@ from flask import flash
 from flask import redirect
 from flask import render_template
 from flask import request
-from flask import send_file
 from flask import url_for
 from flask.typing import ResponseReturnValue
 from flask_babel import gettext as _
@@ -41,6 +39,7 @@ from deerflow_web.web.marks import public
 from deerflow_web.web.messages import describe_error
 from deerflow_web.web.security import artifact_csp
 from deerflow_web.web.thread_access import current_thread
+from deerflow_web.web.transport.send import send_artifact
 from deerflow_web.web.wiring import get_services
 from deerflow_web.web.wiring import get_upload_service
 
@@ -126,13 +125,13 @@ def _private(response: Response) -> Response:
     return response
 
 
-def _resolve(link: ShareLink, index: int) -> tuple[str, Artifact]:
+def _resolve(link: ShareLink, index: int, *, from_bucket: bool = False) -> tuple[str, Artifact]:
     if not 0 <= index < len(link.paths):
         raise ShareLinkNotFound()
     path = link.paths[index]
     try:
         artifact = get_upload_service().resolve_artifact(
-            link.thread, f"{VIRTUAL_PATH_PREFIX}/{path}"
+            link.thread, f"{VIRTUAL_PATH_PREFIX}/{path}", from_bucket=from_bucket
         )
     except DeerFlowError:
         raise ArtifactNotFound(path.partition("/")[2]) from None
@@ -232,32 +231,12 @@ def link_file(token: str, index: int) -> ResponseReturnValue:
     link = _links().open(token, _address())
     if not _unlocked(link):
         return redirect(url_for("share.open_link", token=token))
-    _path, artifact = _resolve(link, index)
+    _path, artifact = _resolve(link, index, from_bucket=True)
     download = request.args.get("download") in ("1", "true")
-    attachment = artifact.as_attachment(download)
-    uploads = get_upload_service()
     try:
-        checked = open_checked(uploads, link.thread, artifact.path)
+        response = send_artifact(
+            get_upload_service(), link.thread, artifact, attachment=artifact.as_attachment(download)
+        )
     except OSError:
         abort(404)
-    response = send_file(
-        checked.file,
-        mimetype=artifact.response_type(attachment),
-        conditional=False,
-        as_attachment=attachment,
-        download_name=quote(artifact.name, safe=""),
-        etag=checked.etag,
-        last_modified=checked.facts.mtime_ns / 1e9,
-    )
-    response.content_length = checked.facts.size
-    response = response.make_conditional(
-        request, accept_ranges=True, complete_length=checked.facts.size
-    )
-    kind = "attachment" if attachment else "inline"
-    response.headers["Content-Disposition"] = (
-        f"{kind}; filename*=UTF-8''{quote(artifact.name, safe='')}"
-    )
-    response.headers["Content-Security-Policy"] = artifact_csp(
-        None if attachment else artifact.presentation
-    )
     return _private(response)

@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
 from typing import Any
+from typing import NamedTuple
 
 import pytest
 from flask import Flask
 from werkzeug.datastructures import FileStorage
+from werkzeug.datastructures import Headers
 from werkzeug.datastructures import MultiDict
 from werkzeug.test import encode_multipart
 
@@ -119,7 +121,9 @@ def test_what_one_instance_stores_the_other_lists_and_serves(
     served = b.download("t1", "report.bin")
     assert served.status_code == 200
     assert served.data == body
-    assert b.local("t1", "report.bin").read_bytes() == body  # B's working copy
+    assert not b.local("t1", "report.bin").exists()  # streamed from the bucket
+    assert b.client.get("/threads/t1/files/uploads/report.bin").status_code == 200
+    assert b.local("t1", "report.bin").read_bytes() == body  # a preview reads B's copy
     sha256 = hashlib.sha256(body).hexdigest()
     assert bucket.head(blob_key(scope_of("t1"), sha256)).size == len(body)
 
@@ -513,7 +517,7 @@ def test_an_infected_upload_streamed_into_the_bucket_is_taken_back_out(
     assert_nothing_in_flight(bucket)
 
 
-def test_serving_one_upload_fetches_that_file_alone(
+def test_a_download_streams_from_the_bucket_and_fetches_nothing(
     instances: tuple[Instance, Instance],
 ) -> None:
     a, b = instances
@@ -527,16 +531,19 @@ def test_serving_one_upload_fetches_that_file_alone(
         "/api/threads/t9/artifacts/mnt/user-data/uploads/c.bin", headers={"Range": "bytes=10-19"}
     )
     assert ranged.status_code == 206
+    assert ranged.headers["Content-Range"] == "bytes 10-19/100000"
     assert ranged.get_data() == bodies["c.bin"][10:20]
     ranged.close()
-
-    # Only what was served was fetched: a download does not copy the whole thread.
-    assert sorted(p.name for p in uploads_dir(b.base_dir, "t9").iterdir()) == ["b.bin", "c.bin"]
-    # Replaced on A: B serves the new bytes; deleted on A: B answers 404 and lets it go.
+    assert not uploads_dir(b.base_dir, "t9").exists()  # nothing was fetched to serve them
+    # Replaced on A: B serves the new bytes; deleted on A: B answers 404.
     assert a.uploads.upload("t9", (b"second version", "b.bin")).status_code == 200
     assert b.download("t9", "b.bin").data == b"second version"
     assert a.client.delete("/api/threads/t9/uploads/c.bin").status_code == 200
     assert b.download("t9", "c.bin").status_code == 404
+    # A preview reads the file here: it is fetched for it.
+    assert b.client.get("/threads/t9/files/uploads/a.bin").status_code == 200
+    assert b.local("t9", "a.bin").read_bytes() == bodies["a.bin"]
+    assert b.client.get("/threads/t9/files/uploads/c.bin").status_code == 404
     assert not b.local("t9", "c.bin").exists()
     # A zip of the thread fetches the members it lacks, each checked against its record.
     assert b.uploads.names("t9") == ["a.bin", "b.bin"]
@@ -545,3 +552,145 @@ def test_serving_one_upload_fetches_that_file_alone(
     with zipfile.ZipFile(BytesIO(zipped.get_data())) as archive:
         assert archive.read("a.bin") == bodies["a.bin"]
         assert archive.read("b.bin") == b"second version"
+
+
+class Fetched(NamedTuple):
+    status_code: int
+    headers: Headers
+    data: bytes
+
+
+def fetch(client: Any, url: str, *, method: str = "GET", headers: Any = None) -> Fetched:
+    """What was sent, as sent, the file it was sent from closed."""
+    response = client.open(url, method=method, headers=headers)
+    fetched = Fetched(response.status_code, response.headers.copy(), response.get_data())
+    response.close()
+    return fetched
+
+
+SENT_HEADERS = (
+    "Content-Type",
+    "Content-Length",
+    "Content-Disposition",
+    "Content-Security-Policy",
+    "ETag",
+    "Last-Modified",
+    "Accept-Ranges",
+)
+
+
+SENT_AS = {
+    "notes.txt": b"plain text\n",
+    "script.py": b"print('hello')\n",  # code: sent as text/plain
+    "page.html": b"<script>alert(1)</script>",  # markup: an attachment
+    "unknown.zzz": b"text under a name no table knows\n",  # sniffed: text
+    "blob.zzz": b"\x00\x01binary" * 100,  # sniffed: binary, a download
+    "picture.png": b"\x89PNG\r\n\x1a\n" + bytes(range(64)),
+}
+
+
+def test_an_upload_streamed_from_the_bucket_is_sent_as_the_copy_here_would_be(
+    instances: tuple[Instance, Instance],
+) -> None:
+    a, b = instances
+    assert (
+        a.uploads.upload("t10", *[(body, name) for name, body in SENT_AS.items()]).status_code
+        == 200
+    )
+    for name, body in SENT_AS.items():
+        url = f"/api/threads/t10/artifacts/mnt/user-data/uploads/{name}"
+        for query in ("", "?download=true"):
+            here = fetch(a.client, url + query)  # A holds the file: served from its copy
+            there = fetch(b.client, url + query)  # B does not: streamed from the bucket
+            assert (here.status_code, there.status_code) == (200, 200), name
+            assert there.data == here.data == body
+            for header in SENT_HEADERS:
+                assert there.headers.get(header) == here.headers.get(header), (name, header)
+    assert not uploads_dir(b.base_dir, "t10").exists()
+
+
+def test_conditional_and_ranged_requests_on_an_upload_in_the_bucket(
+    instances: tuple[Instance, Instance],
+) -> None:
+    a, b = instances
+    body = secrets.token_bytes(3 * MiB)  # several of the bucket's chunks
+    assert upload(a, "t11", (body, "data.bin")).status_code == 200
+    url = "/api/threads/t11/artifacts/mnt/user-data/uploads/data.bin"
+    etag = f'"{sha(body)}"'
+    assert fetch(b.client, url).headers["ETag"] == etag
+    unchanged = fetch(b.client, url, headers={"If-None-Match": etag})
+    assert (unchanged.status_code, unchanged.data) == (304, b"")
+    start = 2 * MiB + 5
+    tail = fetch(b.client, url, headers={"Range": f"bytes={start}-"})
+    assert tail.status_code == 206
+    assert tail.headers["Content-Range"] == f"bytes {start}-{len(body) - 1}/{len(body)}"
+    assert tail.data == body[start:]
+    last = fetch(b.client, url, headers={"Range": "bytes=-5"})
+    assert (last.status_code, last.data) == (206, body[-5:])
+    changed = fetch(b.client, url, headers={"Range": "bytes=0-9", "If-Range": '"other"'})
+    assert (changed.status_code, changed.data) == (200, body)  # whole: not the bytes asked of
+    past_the_end = fetch(b.client, url, headers={"Range": f"bytes={len(body)}-"})
+    assert past_the_end.status_code == 416
+    assert fetch(b.client, url, method="HEAD").headers["Content-Length"] == str(len(body))
+    assert not uploads_dir(b.base_dir, "t11").exists()
+
+
+def test_a_copy_older_than_its_record_is_not_served(instances: tuple[Instance, Instance]) -> None:
+    a, b = instances
+    assert a.uploads.upload("t12", (b"first bytes", "notes.txt")).status_code == 200
+    assert b.client.get("/threads/t12/files/uploads/notes.txt").status_code == 200  # B's copy
+    assert b.local("t12", "notes.txt").read_bytes() == b"first bytes"
+    assert a.uploads.upload("t12", (b"the second bytes", "notes.txt")).status_code == 200
+    assert b.download("t12", "notes.txt").data == b"the second bytes"  # from the bucket
+
+
+def test_an_upload_on_an_instance_lacking_the_thread_fetches_only_what_it_replaces(
+    instances: tuple[Instance, Instance],
+) -> None:
+    a, b = instances
+    first = {name: secrets.token_bytes(50_000) for name in ("a.bin", "b.bin", "gone.bin")}
+    assert a.uploads.upload("t13", *[(body, n) for n, body in first.items()]).status_code == 200
+    assert b.client.get("/threads/t13/zip?filenames=gone.bin").status_code == 200  # B's copy
+    assert sorted(p.name for p in uploads_dir(b.base_dir, "t13").iterdir()) == ["gone.bin"]
+    assert a.client.delete("/api/threads/t13/uploads/gone.bin?permanent=true").status_code == 200
+
+    assert b.uploads.upload("t13", (b"new", "c.bin")).status_code == 200
+    assert sorted(p.name for p in uploads_dir(b.base_dir, "t13").iterdir()) == [
+        "c.bin",
+        "gone.bin",  # B's copy of a file deleted since: nothing this upload touched
+    ]
+    # The conflict rule sees the records, not B's copy.
+    taken = b.uploads.upload("t13", (b"x", "a.bin"), on_conflict="reject")
+    assert taken.status_code == 409, taken.get_json()
+    numbered = b.uploads.upload("t13", (b"y", "b.bin"), on_conflict="rename")
+    assert numbered.get_json()["files"][0]["filename"] == "b_1.bin"
+    free_again = b.uploads.upload("t13", (b"back", "gone.bin"), on_conflict="reject")
+    assert free_again.status_code == 200, free_again.get_json()
+    # A replace keeps the bytes it replaced as a version, fetched for that alone.
+    assert b.uploads.upload("t13", (b"second a", "a.bin")).status_code == 200
+    versions = a.client.get("/api/threads/t13/uploads/a.bin/versions").get_json()["versions"]
+    (version,) = versions
+    assert version["sha256"] == sha(first["a.bin"])
+    assert sorted(p.name for p in uploads_dir(b.base_dir, "t13").iterdir()) == [
+        "a.bin",
+        "b_1.bin",
+        "c.bin",
+        "gone.bin",
+    ]
+    assert a.download("t13", "a.bin").data == b"second a"
+    assert a.download("t13", "gone.bin").data == b"back"
+    assert sorted(a.uploads.names("t13")) == ["a.bin", "b.bin", "b_1.bin", "c.bin", "gone.bin"]
+
+
+def test_a_download_whose_bytes_left_the_bucket_says_so_before_sending_any(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore
+) -> None:
+    a, b = instances
+    assert a.uploads.upload("t14", (b"soon gone", "lost.txt")).status_code == 200
+    bucket.delete(blob_key(scope_of("t14"), sha(b"soon gone")))  # behind the app's back
+    lost = b.client.get("/api/threads/t14/artifacts/mnt/user-data/uploads/lost.txt")
+    assert lost.status_code == 500
+    detail = lost.get_json()["detail"]
+    assert "lost.txt" in detail and "missing from the bucket" in detail
+    assert "blobs" not in detail  # the bucket's layout is not the client's business
+    assert not uploads_dir(b.base_dir, "t14").exists()
