@@ -72,6 +72,7 @@ from deerflow_web.storage.objects.keys import incoming_prefix
 from deerflow_web.storage.paths import VERSIONS_FOLDER
 from deerflow_web.storage.paths import is_staging_name
 from deerflow_web.storage.paths import storage_modes
+from deerflow_web.storage.sniff import SNIFF_BYTES
 
 if TYPE_CHECKING:
     from deerflow_web.storage.objects.s3 import S3ObjectStore
@@ -251,20 +252,15 @@ class WorkingCopies:
         path = folder / name
         if is_staging_name(name):
             return  # never an upload: the caller refuses it
-        try:
-            info: os.stat_result | None = os.lstat(path)
-        except FileNotFoundError:
-            info = None
+        info = _regular_file(path)
         wanted = records.get(scope, name)
         if wanted is None:
-            if info is not None and stat.S_ISREG(info.st_mode):
+            if info is not None:
                 with records.locked_here(scope) as txn:
                     if txn.get(name) is None:  # deleted or renamed on another instance
                         path.unlink(missing_ok=True)
             return
-        if not fetch or (
-            info is not None and stat.S_ISREG(info.st_mode) and _is_current(info, wanted)
-        ):
+        if not fetch or _is_current(info, wanted):
             return
         folders.make_dirs(folder)
         staging = self._fetch(scope, wanted.record.sha256, folder, name, wanted.mtime_ns)
@@ -289,15 +285,17 @@ class WorkingCopies:
         if wanted is None:
             return None
         path = folders.area_location(Area.UPLOADS) / name
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            return wanted
-        return None if stat.S_ISREG(info.st_mode) and _is_current(info, wanted) else wanted
+        return None if _is_current(_regular_file(path), wanted) else wanted
 
     def open_blob(self, scope: str, record: UploadRecord) -> ObjectFile:
         """The bucket's bytes of an upload as a seekable file, fetched as it is read."""
         return ObjectFile(self.store, blob_key(scope, record.sha256), record.size)
+
+    def read_head(self, scope: str, record: UploadRecord) -> bytes:
+        """The first bytes of an upload in the bucket, as much as a sniff reads: one ranged
+        GET of that much, not a stream of the whole object cut short."""
+        with self.store.open_read(blob_key(scope, record.sha256), 0, SNIFF_BYTES) as stream:
+            return b"".join(stream)
 
     def hydrate_history(self, folders: ThreadFolders, kind: str, folder: Path) -> None:
         """Make the thread's versions or trash folder hold what its history rows say: the
@@ -511,6 +509,16 @@ def _regular_files(folder: Path) -> dict[str, os.stat_result]:
             if stat.S_ISREG(info.st_mode):
                 found[entry.name] = info
     return found
+
+
+def _regular_file(path: Path) -> os.stat_result | None:
+    """The `lstat` of a regular file at `path`; None when nothing, or something else, is
+    there (a link, a folder)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return info if stat.S_ISREG(info.st_mode) else None
 
 
 def _is_current(info: os.stat_result | None, stored: StoredRecord) -> bool:
