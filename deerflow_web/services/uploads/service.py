@@ -23,7 +23,6 @@ from dataclasses import field
 from dataclasses import replace
 from pathlib import Path
 from pathlib import PurePosixPath
-from typing import BinaryIO
 from typing import Protocol
 
 from sqlalchemy import Engine
@@ -82,7 +81,6 @@ from deerflow_web.storage.records import DatabaseUploadRecords
 from deerflow_web.storage.records import RecordsTransaction
 from deerflow_web.storage.records import StoredRecord
 from deerflow_web.storage.records import UploadRecords
-from deerflow_web.storage.sniff import SNIFF_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -882,11 +880,11 @@ class UploadService:
             name = folders.upload_named(virtual_path)
             stored = None if name is None else copies.lacks(folders, name)
             if stored is not None:
-                blob = copies.open_blob(folders.scope, stored.record)
+                record = stored.record
                 return bucket_artifact(
-                    folders.area_location(Area.UPLOADS) / stored.record.filename,
-                    stored.record,
-                    lambda: _first_bytes(blob),
+                    folders.area_location(Area.UPLOADS) / record.filename,
+                    record,
+                    lambda: copies.read_head(folders.scope, record),
                 )
         return resolve_artifact(
             folders,
@@ -1143,12 +1141,6 @@ def all_or_nothing(
         commit.undo()
         raise
     commit.forget_backups()
-
-
-def _first_bytes(blob: BinaryIO) -> bytes:
-    """What a sniff reads of a file, and the file closed."""
-    with blob:
-        return blob.read(SNIFF_BYTES)
 
 
 def _size_on_disk(path: Path) -> int:
