@@ -484,6 +484,13 @@ class StorageSettings:
             from_env = environ.get(STORAGE_ENV_PREFIX + env_key)
             return from_env if from_env not in (None, "") else section.get(key)
 
+        def s3_number(key: str) -> Any:
+            """`storage.s3.<key>` (`$DEER_FLOW_STORAGE_S3_<KEY>` first), a positive number
+            of its default's type, else that default (with one warning)."""
+            configured = {key: value(s3, key, "S3_" + key.upper())}
+            default = getattr(S3Settings, key)
+            return positive_setting(configured, key, default, section_name="storage.s3")
+
         backend = str(value(storage, "backend", "BACKEND") or "local").strip().lower()
         if backend not in STORAGE_BACKENDS:
             raise ConfigError(
@@ -497,28 +504,9 @@ class StorageSettings:
             presigned_downloads=parse_bool(
                 value(s3, "presigned_downloads", "S3_PRESIGNED_DOWNLOADS") or False
             ),
-            stale_upload_hours=positive_setting(
-                {"stale_upload_hours": value(s3, "stale_upload_hours", "S3_STALE_UPLOAD_HOURS")},
-                "stale_upload_hours",
-                S3Settings.stale_upload_hours,
-                section_name="storage.s3",
-            ),
-            working_copy_max_bytes=positive_setting(
-                {
-                    "working_copy_max_bytes": value(
-                        s3, "working_copy_max_bytes", "S3_WORKING_COPY_MAX_BYTES"
-                    )
-                },
-                "working_copy_max_bytes",
-                S3Settings.working_copy_max_bytes,
-                section_name="storage.s3",
-            ),
-            parts_in_flight=positive_setting(
-                {"parts_in_flight": value(s3, "parts_in_flight", "S3_PARTS_IN_FLIGHT")},
-                "parts_in_flight",
-                S3Settings.parts_in_flight,
-                section_name="storage.s3",
-            ),
+            stale_upload_hours=s3_number("stale_upload_hours"),
+            working_copy_max_bytes=s3_number("working_copy_max_bytes"),
+            parts_in_flight=s3_number("parts_in_flight"),
         )
         if settings.prefix and any(part in ("", ".", "..") for part in settings.prefix.split("/")):
             raise ConfigError(
