@@ -37,6 +37,7 @@ from tests.support.openapi_check import check_response
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import external_url
 from tests.support.route_builders import install as cache_route_builders
+from tests.support.template_cache import install as share_compiled_templates
 from tests.support.seaweedfs import ACCESS_KEY as SEAWEEDFS_ACCESS_KEY
 from tests.support.seaweedfs import SECRET_KEY as SEAWEEDFS_SECRET_KEY
 from tests.support.seaweedfs import SeaweedFS
@@ -121,6 +122,7 @@ def _responses_fit_the_api_description() -> Iterator[None]:
 
 
 cache_route_builders()  # apps are built per test; their URL rules compile once (see there)
+share_compiled_templates()  # and so do their templates
 
 EXTERNAL_POSTGRES = external_url()  # read before any test clears the environment
 
