@@ -13,7 +13,6 @@ templates cannot express but Werkzeug's `path` converter does.
 from __future__ import annotations
 
 import re
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,7 +115,9 @@ class ResponseChecker:
         return found
 
 
-_checkers: weakref.WeakKeyDictionary[Flask, ResponseChecker] = weakref.WeakKeyDictionary()
+# One checker per document an app serves (`build_document` shares equal ones), so its
+# compiled validators serve every app of the run; the document is kept alive beside it.
+_checkers: dict[int, tuple[Mapping[str, Any], ResponseChecker]] = {}
 
 
 def check_response(sender: Flask, response: Response, **extra: Any) -> None:
@@ -129,9 +130,10 @@ def check_response(sender: Flask, response: Response, **extra: Any) -> None:
     rule = request.url_rule
     if rule is None or not _in_scope(rule.rule):  # routing 404/405; pages; static files
         return
-    checker = _checkers.get(sender)
-    if checker is None:
-        checker = _checkers[sender] = ResponseChecker(build_document(get_services().settings))
+    document = build_document(get_services().settings)
+    if id(document) not in _checkers:
+        _checkers[id(document)] = (document, ResponseChecker(document))
+    checker = _checkers[id(document)][1]
     found = checker.problems(rule.rule, request.method, response)
     assert not found, "response does not match openapi.yaml:\n" + "\n".join(found)
 

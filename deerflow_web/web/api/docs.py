@@ -53,12 +53,19 @@ def accounts_enabled(settings: Settings) -> bool:
 
 
 def build_document(settings: Settings) -> dict[str, Any]:
-    """The document as one server answers: its file limit, its accounts mode."""
+    """The document as one server answers: its file limit, its accounts mode.
+
+    Built once per pair of those and shared by every caller: read it, never change it."""
+    return _fitted_document(settings.limits.max_files, accounts_enabled(settings))
+
+
+@functools.lru_cache(maxsize=8)
+def _fitted_document(max_files: int, accounts: bool) -> dict[str, Any]:
     document = openapi_document()
     upload = document["paths"]["/api/threads/{thread_id}/uploads"]["post"]
     form = upload["requestBody"]["content"]["multipart/form-data"]["schema"]
-    form["properties"]["files"]["maxItems"] = settings.limits.max_files
-    if not accounts_enabled(settings):
+    form["properties"]["files"]["maxItems"] = max_files
+    if not accounts:
         _without_accounts(document)
     _database_outages(document)
     return document
