@@ -37,11 +37,11 @@ from tests.support.openapi_check import check_response
 from tests.support.postgres import PostgresServer
 from tests.support.postgres import external_url
 from tests.support.route_builders import install as cache_route_builders
-from tests.support.template_cache import install as share_compiled_templates
 from tests.support.seaweedfs import ACCESS_KEY as SEAWEEDFS_ACCESS_KEY
 from tests.support.seaweedfs import SECRET_KEY as SEAWEEDFS_SECRET_KEY
 from tests.support.seaweedfs import SeaweedFS
 from tests.support.seaweedfs import weed_missing
+from tests.support.template_cache import install as share_compiled_templates
 
 # The modules that take longest (real processes, a real browser, OCR), longest first: on
 # several processes (`make test` runs pytest-xdist, a module at a time per process) the
