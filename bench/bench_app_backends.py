@@ -24,7 +24,8 @@ Each round, the order of the backends alternating:
   SeaweedFS's CPU seconds in each part;
 - a 100 MiB upload (not timed) into a new thread, then two downloads of it. Local: both
   from the instance that stored it. S3: both from B, whose working copy lacks the file:
-  each streams from the bucket as it arrives (nothing is fetched into B's copy);
+  the first streams from the bucket as it arrives and is kept as B's copy once sent whole,
+  the repeat is sent from that copy;
 - GETs of the list of a thread of 1,000 files (filled through the API before the first
   round), each on a new connection: median and p99; on s3 on A and on B.
 
@@ -390,7 +391,8 @@ def report(backends: list[Backend], plan: Plan, rounds: int) -> list[tuple[str, 
         print(f"{label:<50} {cells[0]:>9} {cells[1]:>9} {ratio:>9}{spread}")
     print(
         "\nlocal: both downloads from the instance that stored the file; s3: both from the "
-        "second instance,\nwhose working copy lacks the file: each streamed from the bucket. "
+        "second instance,\nwhose working copy lacks the file: the first streamed from the "
+        "bucket and kept, the repeat sent from B's copy. "
         f"{plan.lists} list GETs per instance per round."
     )
     upload_ratio = statistics.median(ratios("upload_mibs"))

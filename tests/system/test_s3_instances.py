@@ -167,10 +167,6 @@ def test_what_a_stores_b_lists_serves_converts_and_hands_to_the_agent(
         "large.bin": len(large),
     }
     assert not uploads_dir(b.base_dir, "S").exists()  # listed from the records alone
-    for name, body in (("small.bin", small), ("large.bin", large)):
-        served = download(b, "S", name)
-        assert served.status_code == 200
-        assert sha256(served.content) == sha256(body)
     # Streamed from the bucket by B's gunicorn, a range of it fetched alone.
     ranged = requests.get(
         f"{b.url}/api/threads/S/artifacts/mnt/user-data/uploads/large.bin",
@@ -180,6 +176,15 @@ def test_what_a_stores_b_lists_serves_converts_and_hands_to_the_agent(
     assert ranged.status_code == 206
     assert ranged.content == large[9_000_000:9_000_100]
     assert not uploads_dir(b.base_dir, "S").exists()
+    for name, body in (("small.bin", small), ("large.bin", large)):
+        served = download(b, "S", name)
+        assert served.status_code == 200
+        assert sha256(served.content) == sha256(body)
+        # Streamed too, and kept once sent whole (when the response closes, just after
+        # its last byte left): the next download comes from B's disk.
+        kept = uploads_dir(b.base_dir, "S") / name
+        wait_until(lambda kept=kept: kept.exists(), timeout=10)
+        assert sha256(kept.read_bytes()) == sha256(body)
     assert not list(cluster.bucket.list_stale_uploads())  # every push finished
 
     docx = make_docx(tmp_path / "report.docx", title="Shared Report")
@@ -198,8 +203,10 @@ def test_what_a_stores_b_lists_serves_converts_and_hands_to_the_agent(
     for key, value in b.environment().items():
         if key.startswith(("DEER_FLOW_", "AWS_")) or key == "DATABASE_URL":
             monkeypatch.setenv(key, value)
-    # The download streamed from the bucket: the agent must fetch the companion itself.
-    assert not (uploads_dir(b.base_dir, "S") / "report.md").exists()
+    # B kept the companion it sent; let go, as eviction would, the agent fetches it itself.
+    kept = uploads_dir(b.base_dir, "S") / "report.md"
+    wait_until(kept.exists, timeout=10)
+    kept.unlink()
     model = RecordingToolModel(
         messages=iter(
             [

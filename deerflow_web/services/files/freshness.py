@@ -107,7 +107,7 @@ def open_artifact(uploads: UploadService, thread: Thread, artifact: Artifact) ->
     copies = uploads.paths.copies
     assert copies is not None  # only the S3 backend makes such artifacts
     mtime_ns = round(record.modified * 1e9)  # Last-Modified is in whole seconds
-    blob = copies.open_blob(uploads.folders(thread).scope, record)
+    blob = copies.open_blob(uploads.folders(thread), record)
     return CheckedFile(blob, FileFacts(record.size, mtime_ns, 0, 0), record)
 
 

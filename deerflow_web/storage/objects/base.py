@@ -196,6 +196,14 @@ def sweep_stale_uploads(
     return len(stale)
 
 
+class ReadWatcher(Protocol):
+    """Sees each piece an `ObjectFile` hands out, and its closing (`KeptDownload`)."""
+
+    def passed(self, position: int, piece: memoryview) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class ObjectFile(io.RawIOBase):
     """One stored object as a read-only, seekable file: what `send_file` and werkzeug's
     `Range` handling expect, so an object is served exactly as a file on disk is.
@@ -205,11 +213,14 @@ class ObjectFile(io.RawIOBase):
     `fileno` is unsupported, so no server tries a kernel `sendfile` on it.
     """
 
-    def __init__(self, store: ObjectStore, key: str, size: int) -> None:
+    def __init__(
+        self, store: ObjectStore, key: str, size: int, *, watcher: ReadWatcher | None = None
+    ) -> None:
         super().__init__()
         self.store = store
         self.key = key
         self.size = size
+        self._watcher = watcher  # told of every piece read, where it starts, and the close
         self._position = 0
         self._stream: ObjectStream | None = None
         self._chunks: Iterator[bytes] | None = None
@@ -266,6 +277,8 @@ class ObjectFile(io.RawIOBase):
             assert self._chunks is not None
             self._pending = memoryview(next(self._chunks, b""))
         piece, self._pending = self._pending[:size], self._pending[size:]
+        if self._watcher is not None:
+            self._watcher.passed(self._position, piece)
         self._position += len(piece)
         return piece
 
@@ -276,4 +289,7 @@ class ObjectFile(io.RawIOBase):
 
     def close(self) -> None:
         self._drop_stream()
+        if self._watcher is not None:
+            watcher, self._watcher = self._watcher, None
+            watcher.close()
         super().close()

@@ -7,7 +7,7 @@ thread holds, each file's SHA-256). Everything that reads a file (previews, the 
 tools, conversion, scans, archives, zip downloads) keeps reading the thread's folders in the
 data dir; this module keeps those folders true to the records. A download of an upload this
 copy lacks is the exception: it only sends bytes, so it streams them from the bucket
-(`lacks`, `open_blob`) and fetches nothing.
+(`lacks`, `open_blob`), keeping them as this copy's file once sent whole (`KeptDownload`).
 
 - **No record without its bytes in the bucket.** Every record write pushes the file it
   describes to the bucket first, in the write's own transaction (`push_written`, called by
@@ -47,9 +47,11 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import BinaryIO
 from typing import NamedTuple
 
 from sqlalchemy.engine import Connection
@@ -265,12 +267,22 @@ class WorkingCopies:
         folders.make_dirs(folder)
         staging = self._fetch(scope, wanted.record.sha256, folder, name, wanted.mtime_ns)
         try:
-            with records.locked_here(scope) as txn:
-                current = txn.get(name)  # only what the records still say lands
-                if current is not None and _same_bytes(current, wanted):
-                    os.replace(staging, path)
+            self._land(scope, staging, path, lambda current: _same_bytes(current, wanted))
         finally:
             staging.unlink(missing_ok=True)
+
+    def _land(
+        self, scope: str, staging: Path, path: Path, still: Callable[[StoredRecord], bool]
+    ) -> bool:
+        """Rename fetched bytes into place under the thread's lock, only if its record
+        still names them (`still`), with the record's mtime; whether they landed."""
+        with self._records().locked_here(scope) as txn:
+            current = txn.get(path.name)
+            if current is None or not still(current):
+                return False
+            os.utime(staging, ns=(current.mtime_ns, current.mtime_ns))
+            os.replace(staging, path)
+            return True
 
     def lacks(self, folders: ThreadFolders, name: str) -> StoredRecord | None:
         """The record of an upload of the thread this copy does not hold as recorded
@@ -287,9 +299,14 @@ class WorkingCopies:
         path = folders.area_location(Area.UPLOADS) / name
         return None if _is_current(_regular_file(path), wanted) else wanted
 
-    def open_blob(self, scope: str, record: UploadRecord) -> ObjectFile:
-        """The bucket's bytes of an upload as a seekable file, fetched as it is read."""
-        return ObjectFile(self.store, blob_key(scope, record.sha256), record.size)
+    def open_blob(self, folders: ThreadFolders, record: UploadRecord) -> ObjectFile:
+        """The bucket's bytes of an upload as a seekable file, fetched as it is read.
+
+        A read of the whole file from its first byte (a download, not a `Range` of it)
+        also leaves it here as this copy's file (`KeptDownload`), so the next download
+        is sent from the disk."""
+        key = blob_key(folders.scope, record.sha256)
+        return ObjectFile(self.store, key, record.size, watcher=KeptDownload(self, folders, record))
 
     def read_head(self, scope: str, record: UploadRecord) -> bytes:
         """The first bytes of an upload in the bucket, as much as a sniff reads: one ranged
@@ -430,6 +447,87 @@ class WorkingCopies:
         if self.records is None:
             raise RuntimeError("WorkingCopies.records is set by the wiring before use")
         return self.records
+
+
+class KeptDownload:
+    """Keeps what a download streams from the bucket as this copy's file.
+
+    Each piece the response reads is written to a staging file beside the file's place
+    and hashed; when the response closes having read every byte in order from the first,
+    and their SHA-256 is the record's, they land as `hydrate_file` lands a fetch. Anything
+    else (a `Range`, a client gone midway, a full disk, bytes that are not the record's)
+    drops the staging file and leaves the folder as it was: keeping is a saving, never a
+    condition of the download, whose bytes leave as they arrive either way.
+    """
+
+    def __init__(self, copies: WorkingCopies, folders: ThreadFolders, record: UploadRecord):
+        self.copies = copies
+        self.folders = folders
+        self.record = record
+        self._staging: Path | None = None
+        self._file: BinaryIO | None = None
+        self._digest = hashlib.sha256()
+        self._written = 0
+        self._given_up = False
+
+    def passed(self, position: int, piece: memoryview) -> None:
+        if self._given_up:
+            return
+        if position != self._written:
+            self._give_up()  # a seek: this response sends a range, not the file
+            return
+        try:
+            if self._file is None:
+                self._file = self._start()
+            self._file.write(piece)
+        except OSError as error:
+            logger.warning("not keeping %s here: %s", self.record.filename, error)
+            self._give_up()
+            return
+        self._digest.update(piece)
+        self._written += len(piece)
+
+    def _start(self) -> BinaryIO:
+        from deerflow_web.storage.local import staging_path
+
+        folder = self.folders.user_data_dir() / Area.UPLOADS.value
+        self.folders.make_dirs(folder)
+        mark_used(self.folders.thread_dir())
+        self._staging = staging_path(folder)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        return os.fdopen(os.open(self._staging, flags, storage_modes().file), "wb")
+
+    def close(self) -> None:
+        """Land the bytes if they are the whole file, as recorded; else drop them."""
+        complete = not self._given_up and self._written == self.record.size
+        if not complete or self._file is None or self._staging is None:
+            self._give_up()
+            return
+        staging = self._staging
+        try:
+            self._file.close()
+            self._file = None
+            if self._digest.hexdigest() != self.record.sha256:
+                logger.warning("the bucket's bytes of %s are not its record's", staging.name)
+                return
+            sha256 = self.record.sha256
+            path = staging.with_name(self.record.filename)
+            self.copies._land(
+                self.folders.scope, staging, path, lambda now: now.record.sha256 == sha256
+            )
+        except Exception:  # the download was sent: a copy not kept is only a copy not kept
+            logger.warning("not keeping %s here", self.record.filename, exc_info=True)
+        finally:
+            self._give_up()
+
+    def _give_up(self) -> None:
+        self._given_up = True
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._staging is not None:
+            self._staging.unlink(missing_ok=True)
+            self._staging = None
 
 
 class IncomingCopy:

@@ -517,8 +517,8 @@ def test_an_infected_upload_streamed_into_the_bucket_is_taken_back_out(
     assert_nothing_in_flight(bucket)
 
 
-def test_a_download_streams_from_the_bucket_and_fetches_nothing(
-    instances: tuple[Instance, Instance],
+def test_a_download_streams_from_the_bucket_and_keeps_only_what_it_sent_whole(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore
 ) -> None:
     a, b = instances
     bodies = {name: secrets.token_bytes(100_000) for name in ("a.bin", "b.bin", "c.bin")}
@@ -526,7 +526,6 @@ def test_a_download_streams_from_the_bucket_and_fetches_nothing(
         a.uploads.upload("t9", *[(body, name) for name, body in bodies.items()]).status_code == 200
     )
 
-    assert b.download("t9", "b.bin").data == bodies["b.bin"]
     ranged = b.client.get(
         "/api/threads/t9/artifacts/mnt/user-data/uploads/c.bin", headers={"Range": "bytes=10-19"}
     )
@@ -534,10 +533,19 @@ def test_a_download_streams_from_the_bucket_and_fetches_nothing(
     assert ranged.headers["Content-Range"] == "bytes 10-19/100000"
     assert ranged.get_data() == bodies["c.bin"][10:20]
     ranged.close()
+    assert b.client.head("/api/threads/t9/artifacts/mnt/user-data/uploads/c.bin").status_code == 200
     assert not uploads_dir(b.base_dir, "t9").exists()  # nothing was fetched to serve them
-    # Replaced on A: B serves the new bytes; deleted on A: B answers 404.
+    # A whole download is B's copy once sent, with its record's mtime: the next one is
+    # sent from B's disk, even with the bytes gone from the bucket behind the app's back.
+    assert b.download("t9", "b.bin").data == bodies["b.bin"]
+    assert sorted(p.name for p in uploads_dir(b.base_dir, "t9").iterdir()) == ["b.bin"]
+    assert b.local("t9", "b.bin").stat().st_mtime_ns == a.local("t9", "b.bin").stat().st_mtime_ns
+    bucket.delete(blob_key(scope_of("t9"), sha(bodies["b.bin"])))
+    assert b.download("t9", "b.bin").data == bodies["b.bin"]
+    # Replaced on A: B serves the new bytes (and keeps them); deleted on A: B answers 404.
     assert a.uploads.upload("t9", (b"second version", "b.bin")).status_code == 200
     assert b.download("t9", "b.bin").data == b"second version"
+    assert b.local("t9", "b.bin").read_bytes() == b"second version"
     assert a.client.delete("/api/threads/t9/uploads/c.bin").status_code == 200
     assert b.download("t9", "c.bin").status_code == 404
     # A preview reads the file here: it is fetched for it.
@@ -606,7 +614,8 @@ def test_an_upload_streamed_from_the_bucket_is_sent_as_the_copy_here_would_be(
             assert there.data == here.data == body
             for header in SENT_HEADERS:
                 assert there.headers.get(header) == here.headers.get(header), (name, header)
-    assert not uploads_dir(b.base_dir, "t10").exists()
+            assert b.local("t10", name).read_bytes() == body  # kept by that download
+            b.local("t10", name).unlink()  # let go, as eviction would: the next one streams
 
 
 def test_conditional_and_ranged_requests_on_an_upload_in_the_bucket(
@@ -617,7 +626,7 @@ def test_conditional_and_ranged_requests_on_an_upload_in_the_bucket(
     assert upload(a, "t11", (body, "data.bin")).status_code == 200
     url = "/api/threads/t11/artifacts/mnt/user-data/uploads/data.bin"
     etag = f'"{sha(body)}"'
-    assert fetch(b.client, url).headers["ETag"] == etag
+    assert fetch(b.client, url, method="HEAD").headers["ETag"] == etag
     unchanged = fetch(b.client, url, headers={"If-None-Match": etag})
     assert (unchanged.status_code, unchanged.data) == (304, b"")
     start = 2 * MiB + 5
@@ -627,12 +636,75 @@ def test_conditional_and_ranged_requests_on_an_upload_in_the_bucket(
     assert tail.data == body[start:]
     last = fetch(b.client, url, headers={"Range": "bytes=-5"})
     assert (last.status_code, last.data) == (206, body[-5:])
-    changed = fetch(b.client, url, headers={"Range": "bytes=0-9", "If-Range": '"other"'})
-    assert (changed.status_code, changed.data) == (200, body)  # whole: not the bytes asked of
+    head = fetch(b.client, url, headers={"Range": "bytes=0-9"})
+    assert (head.status_code, head.data) == (206, body[:10])
     past_the_end = fetch(b.client, url, headers={"Range": f"bytes={len(body)}-"})
     assert past_the_end.status_code == 416
     assert fetch(b.client, url, method="HEAD").headers["Content-Length"] == str(len(body))
-    assert not uploads_dir(b.base_dir, "t11").exists()
+    assert files_here(b, "t11") == []  # no range is kept, not even the first
+    changed = fetch(b.client, url, headers={"Range": "bytes=0-9", "If-Range": '"other"'})
+    assert (changed.status_code, changed.data) == (200, body)  # whole: not the bytes asked of
+    assert b.local("t11", "data.bin").read_bytes() == body  # and so kept
+
+
+def files_here(instance: Instance, thread_id: str) -> list[str]:
+    """Every name in the instance's uploads folder of the thread, staging files included."""
+    folder = uploads_dir(instance.base_dir, thread_id)
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def stream(instance: Instance, thread_id: str, name: str) -> Any:
+    """A download on its way: its body is read as the test iterates it."""
+    url = f"/api/threads/{thread_id}/artifacts/mnt/user-data/uploads/{name}"
+    response = instance.client.get(url, buffered=False)
+    assert response.status_code == 200
+    return response
+
+
+def test_a_download_cut_short_or_outrun_by_a_replace_keeps_nothing(
+    instances: tuple[Instance, Instance],
+) -> None:
+    a, b = instances
+    body = secrets.token_bytes(3 * MiB)  # several of the bucket's chunks
+    assert upload(a, "t15", (body, "data.bin")).status_code == 200
+    cut = stream(b, "t15", "data.bin")
+    assert next(iter(cut.response))  # the first chunk, then the client goes
+    cut.close()
+    assert files_here(b, "t15") == []  # no copy, no staging file
+
+    outrun = stream(b, "t15", "data.bin")
+    chunks = iter(outrun.response)
+    first = next(chunks)
+    assert upload(a, "t15", (b"replaced meanwhile", "data.bin")).status_code == 200
+    assert first + b"".join(chunks) == body  # the download ends with the bytes it began
+    outrun.close()
+    assert files_here(b, "t15") == []  # not the record's bytes now
+    assert b.download("t15", "data.bin").data == b"replaced meanwhile"
+
+
+def test_bytes_in_the_bucket_unlike_their_record_are_never_kept(
+    instances: tuple[Instance, Instance], bucket: S3ObjectStore
+) -> None:
+    a, b = instances
+    assert a.uploads.upload("t16", (b"the recorded bytes", "notes.txt")).status_code == 200
+    key = blob_key(scope_of("t16"), sha(b"the recorded bytes"))
+    with bucket.open_writer(key) as writer:  # behind the app's back, the same size
+        writer.write(b"some other bytes!!")
+        writer.commit()
+    b.download("t16", "notes.txt")
+    assert files_here(b, "t16") == []
+
+
+def test_a_download_that_cannot_be_kept_is_still_sent_whole(
+    instances: tuple[Instance, Instance], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    a, b = instances
+    body = secrets.token_bytes(2 * MiB)
+    assert upload(a, "t17", (body, "data.bin")).status_code == 200
+    nowhere = tmp_path / "no such folder" / "staging"  # as a full or read-only disk fails
+    monkeypatch.setattr("deerflow_web.storage.local.staging_path", lambda folder: nowhere)
+    assert b.download("t17", "data.bin").data == body
+    assert not b.local("t17", "data.bin").exists()
 
 
 def test_a_copy_older_than_its_record_is_not_served(instances: tuple[Instance, Instance]) -> None:
