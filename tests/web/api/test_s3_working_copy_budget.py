@@ -107,7 +107,7 @@ def test_the_threads_used_longest_ago_leave_first_and_come_back_on_reading(
     # Still listed (the records say what a thread holds), and served byte for byte.
     assert UploadActions(client).names("old") == ["a.bin", "b.bin"]
     assert download(client, "old", "b.bin") == old["b.bin"]  # streamed from the bucket
-    assert not (uploads_dir(base_dir, "old") / "b.bin").exists()  # a download fetches nothing
+    assert (uploads_dir(base_dir, "old") / "b.bin").read_bytes() == old["b.bin"]  # and kept
     # What reads the file here (a preview, the agent) fetches it again.
     assert client.get("/threads/old/files/uploads/a.bin").status_code == 200
     assert (uploads_dir(base_dir, "old") / "a.bin").read_bytes() == old["a.bin"]
