@@ -56,6 +56,7 @@ from typing import NamedTuple
 
 from sqlalchemy.engine import Connection
 
+from deerflow_web.concurrency import start_beside
 from deerflow_web.errors import ObjectNotFound
 from deerflow_web.errors import StorageFailure
 from deerflow_web.models import Area
@@ -453,11 +454,13 @@ class KeptDownload:
     """Keeps what a download streams from the bucket as this copy's file.
 
     Each piece the response reads is written to a staging file beside the file's place
-    and hashed; when the response closes having read every byte in order from the first,
-    and their SHA-256 is the record's, they land as `hydrate_file` lands a fetch. Anything
-    else (a `Range`, a client gone midway, a full disk, bytes that are not the record's)
-    drops the staging file and leaves the folder as it was: keeping is a saving, never a
-    condition of the download, whose bytes leave as they arrive either way.
+    and hashed, on a native thread beside the loop while the response sends it (one
+    piece at a time, so the pieces stay in order and memory bounded); when the response
+    closes having read every byte in order from the first, and their SHA-256 is the
+    record's, they land as `hydrate_file` lands a fetch. Anything else (a `Range`, a
+    client gone midway, a full disk, bytes that are not the record's) drops the staging
+    file and leaves the folder as it was: keeping is a saving, never a condition of the
+    download, whose bytes leave as they arrive either way.
     """
 
     def __init__(self, copies: WorkingCopies, folders: ThreadFolders, record: UploadRecord):
@@ -467,25 +470,26 @@ class KeptDownload:
         self._staging: Path | None = None
         self._file: BinaryIO | None = None
         self._digest = hashlib.sha256()
-        self._written = 0
+        self._passed = 0  # bytes handed to the response so far, all of them kept
+        self._keeping: Callable[[], None] | None = None  # the wait for the last piece
         self._given_up = False
 
     def passed(self, position: int, piece: memoryview) -> None:
         if self._given_up:
             return
-        if position != self._written:
+        if position != self._passed:
             self._give_up()  # a seek: this response sends a range, not the file
             return
         try:
+            self._settle()
             if self._file is None:
                 self._file = self._start()
-            self._file.write(piece)
-        except OSError as error:
+            self._keeping = start_beside(self._keep, self._file, piece)
+        except Exception as error:  # a full disk, say: never the download's failure
             logger.warning("not keeping %s here: %s", self.record.filename, error)
             self._give_up()
             return
-        self._digest.update(piece)
-        self._written += len(piece)
+        self._passed += len(piece)
 
     def _start(self) -> BinaryIO:
         from deerflow_web.storage.local import staging_path
@@ -497,31 +501,47 @@ class KeptDownload:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
         return os.fdopen(os.open(self._staging, flags, storage_modes().file), "wb")
 
+    def _keep(self, file: BinaryIO, piece: memoryview) -> None:
+        file.write(piece)
+        self._digest.update(piece)
+
+    def _settle(self) -> None:
+        """Wait until the piece before is written and hashed (raises what that raised)."""
+        keeping, self._keeping = self._keeping, None
+        if keeping is not None:
+            keeping()
+
     def close(self) -> None:
         """Land the bytes if they are the whole file, as recorded; else drop them."""
-        complete = not self._given_up and self._written == self.record.size
-        if not complete or self._file is None or self._staging is None:
-            self._give_up()
-            return
-        staging = self._staging
+        name = self.record.filename
         try:
+            if self._given_up or self._passed != self.record.size or self._file is None:
+                return
+            self._settle()
+            assert self._staging is not None
             self._file.close()
             self._file = None
-            if self._digest.hexdigest() != self.record.sha256:
-                logger.warning("the bucket's bytes of %s are not its record's", staging.name)
-                return
             sha256 = self.record.sha256
-            path = staging.with_name(self.record.filename)
+            if self._digest.hexdigest() != sha256:
+                logger.warning("not keeping %s here: the bucket's bytes are not its record's", name)
+                return
             self.copies._land(
-                self.folders.scope, staging, path, lambda now: now.record.sha256 == sha256
+                self.folders.scope,
+                self._staging,
+                self._staging.with_name(name),
+                lambda now: now.record.sha256 == sha256,
             )
         except Exception:  # the download was sent: a copy not kept is only a copy not kept
-            logger.warning("not keeping %s here", self.record.filename, exc_info=True)
+            logger.warning("not keeping %s here", name, exc_info=True)
         finally:
             self._give_up()
 
     def _give_up(self) -> None:
         self._given_up = True
+        try:
+            self._settle()  # never close the file under a write still on its way
+        except Exception:  # noqa: S110 - reported where it mattered: the copy is dropped
+            pass
         if self._file is not None:
             self._file.close()
             self._file = None
