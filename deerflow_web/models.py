@@ -225,21 +225,25 @@ def positive_setting(
     """`section[key]` (else `section[alias]`) as a positive number of `default`'s type.
 
     `"15"` is accepted; anything not positive, or not a number, falls back to the default
-    with a warning instead of stopping the server (SPEC 1.8).
+    with a warning instead of stopping the server (SPEC 1.8). So does a fraction where a
+    whole number is wanted (`2.5` items): cut to 2 without a word, it would be a setting
+    the operator never wrote.
     """
     raw = section.get(key)
     if raw is None and alias is not None:
         raw = section.get(alias)
     if raw is None:
         return default
+    whole = isinstance(default, int)
     try:
         value = type(default)(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         value = type(default)(0)
+    if whole and isinstance(raw, float) and not raw.is_integer():
+        value = 0
     if isinstance(raw, bool) or value <= 0:
-        logger.warning(
-            "%s.%s=%r is not a positive number; using %s", section_name, key, raw, default
-        )
+        kind = "positive whole number" if whole else "positive number"
+        logger.warning("%s.%s=%r is not a %s; using %s", section_name, key, raw, kind, default)
         return default
     return value
 

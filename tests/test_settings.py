@@ -239,6 +239,25 @@ def test_a_bad_tus_lease_falls_back_with_a_warning(
     assert warning.endswith("is not a positive number; using 120.0")
 
 
+@pytest.mark.parametrize("bad", ("2.5", "'2.5'", "0.4"))
+def test_a_fraction_where_a_whole_number_is_wanted_falls_back_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, bad: str
+) -> None:
+    write(tmp_path / "config.yaml", f"uploads:\n  resumable_max_pending: {bad}\n")
+    with caplog.at_level(logging.WARNING, logger="deerflow_web.models"):
+        settings = load_settings(environ={}, cwd=tmp_path)
+    default = load_settings(environ={}, cwd=tmp_path / "nothing-here").resumable.max_pending
+    assert settings.resumable.max_pending == default
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("uploads.resumable_max_pending=")
+    assert warning.endswith(f"is not a positive whole number; using {default}")
+
+
+def test_a_whole_number_written_as_one_is_taken(tmp_path: Path) -> None:
+    write(tmp_path / "config.yaml", "uploads:\n  resumable_max_pending: 7.0\n")
+    assert load_settings(environ={}, cwd=tmp_path).resumable.max_pending == 7
+
+
 def test_retention_is_off_unless_set(tmp_path: Path) -> None:
     assert load_settings(environ={}, cwd=tmp_path).retention.thread_days is None
     write(tmp_path / "config.yaml", "retention:\n  thread_days: 0\n")
