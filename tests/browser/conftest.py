@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from playwright.sync_api import ConsoleMessage
 from playwright.sync_api import Dialog
 from playwright.sync_api import Playwright
 from playwright.sync_api import sync_playwright
+from werkzeug.serving import WSGIRequestHandler
 from werkzeug.serving import make_server
 
 from tests.browser.helpers import ACCOUNTS
@@ -100,6 +102,47 @@ def mode(request: pytest.FixtureRequest) -> str:
 # look, half a second on average at the standard library's default, at every test's end.
 SHUTDOWN_POLL = 0.02
 
+SENDING = "tests.sending"  # the environ key of what the app answered a request with
+
+
+class _ClosedOnce:
+    """An app's answer, closed once however often it is asked to."""
+
+    def __init__(self, answer: Iterable[bytes]) -> None:
+        self._answer = answer
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._answer)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            close = getattr(self._answer, "close", None)
+            if close is not None:
+                close()
+
+
+def _remembering_its_answer(app: Any) -> Any:
+    def wsgi(environ: dict[str, Any], start_response: Any) -> _ClosedOnce:
+        answer = environ[SENDING] = _ClosedOnce(app(environ, start_response))
+        return answer
+
+    return wsgi
+
+
+class _Handler(WSGIRequestHandler):
+    """The development server's handler, closing what the app was sending when the browser
+    drops the connection. Werkzeug closes it after draining the request's socket, and
+    a drain that meets the reset raises first: the file being sent (a favicon the browser
+    gave up on, say) was left to the garbage collector, whose ResourceWarning failed
+    whichever test ran then."""
+
+    def connection_dropped(self, error: BaseException, environ: Any = None) -> None:
+        if environ is not None and SENDING in environ:
+            environ[SENDING].close()
+        super().connection_dropped(error, environ)
+
 
 @pytest.fixture
 def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
@@ -129,7 +172,9 @@ def start_server(make_app: Any) -> Iterator[Callable[..., LiveServer]]:
         chosen = BrowserAccount() if mode == ACCOUNTS and account else None
         if chosen is not None:
             create_account(app, chosen)
-        server = make_server("127.0.0.1", 0, app, threaded=True)
+        server = make_server(
+            "127.0.0.1", 0, _remembering_its_answer(app), threaded=True, request_handler=_Handler
+        )
         thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL}, daemon=True
         )
