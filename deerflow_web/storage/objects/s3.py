@@ -155,10 +155,10 @@ class S3ObjectStore:
             retries={"max_attempts": max(int(max_attempts), 1), "mode": "standard"},
             max_pool_connections=max_connections,
         )
-        models = botocore.session.Session()
-        models.register_component("data_loader", _service_models())
+        botocore_session = botocore.session.Session()
+        botocore_session.register_component("data_loader", _service_models())
         session = boto3.session.Session(
-            botocore_session=models,
+            botocore_session=botocore_session,
             aws_access_key_id=access_key or None,
             aws_secret_access_key=secret_key or None,
             region_name=region or None,

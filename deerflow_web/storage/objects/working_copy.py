@@ -51,12 +51,10 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import BinaryIO
 from typing import NamedTuple
 
 from sqlalchemy.engine import Connection
 
-from deerflow_web.concurrency import start_beside
 from deerflow_web.errors import ObjectNotFound
 from deerflow_web.errors import StorageFailure
 from deerflow_web.models import Area
@@ -78,6 +76,7 @@ from deerflow_web.storage.paths import storage_modes
 from deerflow_web.storage.sniff import SNIFF_BYTES
 
 if TYPE_CHECKING:
+    from deerflow_web.storage.local import StagingFile
     from deerflow_web.storage.objects.s3 import S3ObjectStore
     from deerflow_web.storage.paths import ThreadFolders
     from deerflow_web.storage.records import DatabaseUploadRecords
@@ -266,7 +265,7 @@ class WorkingCopies:
         if not fetch or _is_current(info, wanted):
             return
         folders.make_dirs(folder)
-        staging = self._fetch(scope, wanted.record.sha256, folder, name, wanted.mtime_ns)
+        staging = self._fetch(scope, wanted.record.sha256, folder, name)
         try:
             self._land(scope, staging, path, lambda current: _same_bytes(current, wanted))
         finally:
@@ -454,8 +453,7 @@ class KeptDownload:
     """Keeps what a download streams from the bucket as this copy's file.
 
     Each piece the response reads is written to a staging file beside the file's place
-    and hashed, on a native thread beside the loop while the response sends it (one
-    piece at a time, so the pieces stay in order and memory bounded); when the response
+    and hashed beside the loop as an upload's body is (`StagingFile`); when the response
     closes having read every byte in order from the first, and their SHA-256 is the
     record's, they land as `hydrate_file` lands a fetch. Anything else (a `Range`, a
     client gone midway, a full disk, bytes that are not the record's) drops the staging
@@ -467,11 +465,8 @@ class KeptDownload:
         self.copies = copies
         self.folders = folders
         self.record = record
-        self._staging: Path | None = None
-        self._file: BinaryIO | None = None
-        self._digest = hashlib.sha256()
+        self._staging: StagingFile | None = None
         self._passed = 0  # bytes handed to the response so far, all of them kept
-        self._keeping: Callable[[], None] | None = None  # the wait for the last piece
         self._given_up = False
 
     def passed(self, position: int, piece: memoryview) -> None:
@@ -481,54 +476,39 @@ class KeptDownload:
             self._give_up()  # a seek: this response sends a range, not the file
             return
         try:
-            self._settle()
-            if self._file is None:
-                self._file = self._start()
-            self._keeping = start_beside(self._keep, self._file, piece)
+            if self._staging is None:
+                self._staging = self._start()
+            # The piece is a slice of a chunk the bucket sent, never changed after.
+            self._staging.write(piece, hash_beside=True)
         except Exception as error:  # a full disk, say: never the download's failure
             logger.warning("not keeping %s here: %s", self.record.filename, error)
             self._give_up()
             return
         self._passed += len(piece)
 
-    def _start(self) -> BinaryIO:
-        from deerflow_web.storage.local import staging_path
+    def _start(self) -> StagingFile:
+        from deerflow_web.storage.local import StagingFile
 
         folder = self.folders.user_data_dir() / Area.UPLOADS.value
         self.folders.make_dirs(folder)
         mark_used(self.folders.thread_dir())
-        self._staging = staging_path(folder)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-        return os.fdopen(os.open(self._staging, flags, storage_modes().file), "wb")
-
-    def _keep(self, file: BinaryIO, piece: memoryview) -> None:
-        file.write(piece)
-        self._digest.update(piece)
-
-    def _settle(self) -> None:
-        """Wait until the piece before is written and hashed (raises what that raised)."""
-        keeping, self._keeping = self._keeping, None
-        if keeping is not None:
-            keeping()
+        return StagingFile(folder)
 
     def close(self) -> None:
         """Land the bytes if they are the whole file, as recorded; else drop them."""
         name = self.record.filename
+        staging = self._staging
         try:
-            if self._given_up or self._passed != self.record.size or self._file is None:
+            if self._given_up or self._passed != self.record.size or staging is None:
                 return
-            self._settle()
-            assert self._staging is not None
-            self._file.close()
-            self._file = None
-            sha256 = self.record.sha256
-            if self._digest.hexdigest() != sha256:
+            sha256, _ = staging.finish(name)
+            if sha256 != self.record.sha256:
                 logger.warning("not keeping %s here: the bucket's bytes are not its record's", name)
                 return
             self.copies._land(
                 self.folders.scope,
-                self._staging,
-                self._staging.with_name(name),
+                staging.path,
+                staging.path.with_name(name),
                 lambda now: now.record.sha256 == sha256,
             )
         except Exception:  # the download was sent: a copy not kept is only a copy not kept
@@ -538,16 +518,12 @@ class KeptDownload:
 
     def _give_up(self) -> None:
         self._given_up = True
-        try:
-            self._settle()  # never close the file under a write still on its way
-        except Exception:  # noqa: S110 - reported where it mattered: the copy is dropped
-            pass
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._staging is not None:
-            self._staging.unlink(missing_ok=True)
-            self._staging = None
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            try:
+                staging.discard()  # once landed, only its descriptor is left to close
+            except Exception:  # noqa: S110 - reported where it mattered: the copy is dropped
+                pass
 
 
 class IncomingCopy:
