@@ -418,12 +418,15 @@ def test_a_worker_with_its_own_data_dir_converts_what_the_web_instance_stored(
         assert "# Worker Plan" in companion.text
         assert "Revenue grew in every region." in companion.text
         # The worker fetched the original into its own data dir and wrote the companion
-        # there; the web instance streamed it from the bucket, fetching nothing.
+        # there; the web instance streamed the companion from the bucket and, once sent
+        # whole, kept it (when the response closed, just after its last byte left).
         assert (uploads_dir(worker.base_dir, "W") / "plan.docx").read_bytes() == docx.read_bytes()
         assert (uploads_dir(worker.base_dir, "W") / "plan.md").read_text(
             encoding="utf-8"
         ) == companion.text
-        assert not (uploads_dir(web.base_dir, "W") / "plan.md").exists()
+        kept = uploads_dir(web.base_dir, "W") / "plan.md"
+        wait_until(kept.exists, timeout=10)
+        assert kept.read_text(encoding="utf-8") == companion.text
         assert worker.stop() == 0
     finally:
         worker.kill()
