@@ -26,6 +26,10 @@ Each round, the order of the backends alternating:
   from the instance that stored it. S3: both from B, whose working copy lacks the file:
   the first streams from the bucket as it arrives and is kept as B's copy once sent whole,
   the repeat is sent from that copy;
+- the same number of bytes put straight into the bucket by boto3's own transfer manager
+  (`upload_fileobj`: 8 MiB parts, ten at a time), with no app in the way: the most this
+  S3 server takes on this machine, so that the app's upload reads against it as well as
+  against local disk (`s3 app / bucket alone`);
 - GETs of the list of a thread of 1,000 files (filled through the API before the first
   round), each on a new connection: median and p99; on s3 on A and on B.
 
@@ -56,6 +60,7 @@ sys.path.insert(0, str(BENCH.parent))
 # Accounts on, whatever the shell says: tests.helpers reads the mode when it is imported.
 os.environ.pop("DEER_FLOW_AUTH_DISABLED", None)
 
+from bench_uploads import BLOCK  # noqa: E402
 from bench_uploads import CLK_TCK  # noqa: E402
 from bench_uploads import MAX_RSS_GROWTH  # noqa: E402
 from bench_uploads import BenchError  # noqa: E402
@@ -171,6 +176,36 @@ def upload_big(
     )
 
 
+class _Repeated:
+    """`size` bytes of one random MiB over and over, read as a file (never held whole)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        out = bytearray()
+        while len(out) < n:
+            out += BLOCK[: n - len(out)]
+        self.left -= n
+        return bytes(out)
+
+
+def bucket_alone(backend: Backend, weed: SeaweedFS, weed_pids: list[int], size: int) -> str:
+    """`size` bytes into the bucket by boto3's transfer manager, no app in the way."""
+    client = weed.store(BUCKET, prefix=PREFIX).client
+    key = f"{PREFIX}/bench-bucket-alone"
+    before = cpu_seconds(weed_pids)
+    started = time.perf_counter()
+    client.upload_fileobj(_Repeated(size), BUCKET, key)
+    elapsed = time.perf_counter() - started
+    client.delete_object(Bucket=BUCKET, Key=key)
+    mibs = size / MiB / elapsed
+    backend.add("bucket_alone_mibs", mibs)
+    backend.add("bucket_alone_weed_cpu", cpu_seconds(weed_pids) - before)
+    return f"{mibs:7.1f} MiB/s  SeaweedFS CPU {backend.figures['bucket_alone_weed_cpu'][-1]:.1f} s"
+
+
 def downloads(backend: Backend, thread_id: str, size: int) -> str:
     """Store `size` bytes through the writer (not timed); download them twice from the reader."""
     post_files(backend.writer.port, thread_id, [("medium.bin", size)], AUTH)
@@ -232,7 +267,7 @@ def run(args: argparse.Namespace, plan: Plan, rounds: int, root: Path) -> int:
     )
     primer = Sizes(primer_dir=root)
     servers: list[LiveServer] = []
-    weed = SeaweedFS.start(root / "seaweedfs", volume_size_mb=512, max_volumes=24)
+    weed = SeaweedFS.start(root / "seaweedfs", volume_size_mb=512, max_volumes=64)
     try:
         weed.store(BUCKET, prefix=PREFIX)  # creates the bucket
         s3_env = {
@@ -285,6 +320,8 @@ def run(args: argparse.Namespace, plan: Plan, rounds: int, root: Path) -> int:
                 others = [s for s in servers if s is not backend.writer]
                 line = upload_big(backend, weed_pids, others, f"r{number}-big", plan.upload, primer)
                 print(f"  upload {plan.upload // MiB} MiB     {backend.name:<6} {line}", flush=True)
+            line = bucket_alone(backends[1], weed, weed_pids, plan.upload)
+            print(f"  bucket alone {plan.upload // MiB} MiB  boto3  {line}", flush=True)
             for backend in order:
                 line = downloads(backend, f"r{number}-download", plan.download)
                 print(
@@ -339,6 +376,8 @@ def rows(plan: Plan) -> list[tuple[str, str, str, str, bool]]:
         ("    server CPU, s", "upload_after_server_cpu", "median", ".2f", False),
         ("    SeaweedFS CPU, s", "upload_after_weed_cpu", "median", ".2f", False),
         ("  the other servers' CPU meanwhile, s", "upload_others_cpu", "max", ".2f", False),
+        (f"bucket alone, {up} by boto3, MiB/s", "bucket_alone_mibs", "median", ".1f", False),
+        ("    SeaweedFS CPU, s", "bucket_alone_weed_cpu", "median", ".2f", False),
         (f"download {down}, first, MiB/s", "download_first_mibs", "median", ".0f", True),
         (f"download {down}, repeat, MiB/s", "download_repeat_mibs", "median", ".0f", True),
         (
@@ -396,6 +435,10 @@ def report(backends: list[Backend], plan: Plan, rounds: int) -> list[tuple[str, 
         f"{plan.lists} list GETs per instance per round."
     )
     upload_ratio = statistics.median(ratios("upload_mibs"))
+    of_bucket = statistics.median(
+        a / b for a, b in zip(s3["upload_mibs"], s3["bucket_alone_mibs"], strict=True)
+    )
+    print(f"s3 app / bucket alone, upload: {of_bucket:.2f}x (median of rounds)")
     list_ratio = statistics.median(ratios("list_median_ms"))
     growth = max(s3["upload_rss_growth_mib"] + local["upload_rss_growth_mib"])
     checks = [
