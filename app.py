@@ -1,13 +1,8 @@
-from deerflow_web.errors import ConfigError
 from deerflow_web.web import create_app
 from deerflow_web.web.wiring import EXTENSION_KEY
 
-try:
-    app = create_app()
-except ConfigError as error:
-    # A configuration that cannot work stops the process with one line, not a traceback;
-    # gunicorn's worker turns it into "App failed to load" (web/transport/server.py).
-    raise SystemExit(f"deerflow-web cannot start: {error}") from None
+# A configuration that cannot work stops the process here with one line (`create_app`).
+app = create_app()
 # A server instance keeps its conversion leases alive and takes over the jobs of an
 # instance that died (SPEC 9), even before it converts anything itself; with
 # `jobs.run_in_web` off it runs no jobs and this does nothing (workers run them). Not

@@ -9,6 +9,7 @@ from typing import Any
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
+from deerflow_web.errors import ConfigError
 from deerflow_web.settings import load_settings
 from deerflow_web.web.json_provider import AppRequest
 from deerflow_web.web.json_provider import OrjsonProvider
@@ -21,7 +22,24 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     `test_config` may name `BASE_DIR` and `CONFIG_PATH` (else DEER_FLOW_HOME and
     DEER_FLOW_CONFIG_PATH apply) and any Flask setting.
+
+    Started for real, with no `test_config` (`app.py` under gunicorn, or Flask's CLI
+    finding this factory through `--app deerflow_web.web`), a configuration that cannot
+    work stops the process with one line, not a traceback; gunicorn's worker turns it
+    into "App failed to load" (web/transport/server.py).
+
+    Raises:
+        ConfigError: The configuration cannot work (with a `test_config`).
     """
+    if test_config is not None:
+        return _create_app(test_config)
+    try:
+        return _create_app({})
+    except ConfigError as error:
+        raise SystemExit(f"deerflow-web cannot start: {error}") from None
+
+
+def _create_app(test_config: Mapping[str, Any]) -> Flask:
     from deerflow_web.web import cli
     from deerflow_web.web import helpers
     from deerflow_web.web import i18n
@@ -37,7 +55,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from deerflow_web.web.security import check_api_origin
     from deerflow_web.web.security import refuse_unknown_host
 
-    overrides = dict(test_config or {})
+    overrides = dict(test_config)
     settings = load_settings(overrides.get("BASE_DIR"), config_path=overrides.get("CONFIG_PATH"))
     app = Flask(
         __name__,

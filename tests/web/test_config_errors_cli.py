@@ -20,10 +20,12 @@ CANNOT_START = "deerflow-web cannot start: "
 START_SECONDS = 120  # importing the app on a busy machine; a server that starts fails
 
 
-def run_flask(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`flask --app app <command>` from the checkout; a process still running after
+def run_flask(
+    command: str, env: dict[str, str], app: str = "app"
+) -> subprocess.CompletedProcess[str]:
+    """`flask --app <app> <command>` from the checkout; a process still running after
     `START_SECONDS` started despite its configuration, and fails the test."""
-    args = [sys.executable, "-m", "flask", "--app", "app", command]
+    args = [sys.executable, "-m", "flask", "--app", app, command]
     if command == "run":
         args += ["--host", "127.0.0.1", "--port", "0"]
     try:
@@ -111,6 +113,13 @@ def test_flask_run_says_one_line_and_exits(tmp_path: Path, case: str) -> None:
     assert_one_line(result, says)
     if case != "data dir through a file":
         assert not (tmp_path / "data" / DATABASE_FILE).exists()  # no database made either
+
+
+@pytest.mark.parametrize("case", ["unknown backend", "malformed config.yaml"])
+def test_flask_finding_the_factory_itself_says_the_same_line(tmp_path: Path, case: str) -> None:
+    """`--app deerflow_web.web`: Flask's CLI calls `create_app` itself, without app.py."""
+    environment, says = bad_configurations(tmp_path)[case]
+    assert_one_line(run_flask("run", {**os.environ, **environment}, "deerflow_web.web"), says)
 
 
 @pytest.mark.parametrize("case", ["unknown backend", "data dir through a file"])
