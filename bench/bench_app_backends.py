@@ -199,11 +199,12 @@ def bucket_alone(backend: Backend, weed: SeaweedFS, weed_pids: list[int], size: 
     started = time.perf_counter()
     client.upload_fileobj(_Repeated(size), BUCKET, key)
     elapsed = time.perf_counter() - started
+    weed_cpu = cpu_seconds(weed_pids) - before
     client.delete_object(Bucket=BUCKET, Key=key)
     mibs = size / MiB / elapsed
     backend.add("bucket_alone_mibs", mibs)
-    backend.add("bucket_alone_weed_cpu", cpu_seconds(weed_pids) - before)
-    return f"{mibs:7.1f} MiB/s  SeaweedFS CPU {backend.figures['bucket_alone_weed_cpu'][-1]:.1f} s"
+    backend.add("bucket_alone_weed_cpu", weed_cpu)
+    return f"{mibs:7.1f} MiB/s  SeaweedFS CPU {weed_cpu:.1f} s"
 
 
 def downloads(backend: Backend, thread_id: str, size: int) -> str:
